@@ -1,0 +1,39 @@
+"""zqsync: pooled ZeroMQ job enqueue and RPC for gevent and synchronous Python.
+
+Public API only; importing zqsync opens nothing and reads no environment.
+"""
+
+from .client import Client, call, close_all, default_client, enqueue
+from .congestion import CongestionControl
+from .errors import (
+    CallTimeout,
+    ConfigurationError,
+    Congested,
+    PoolError,
+    ProtocolError,
+    RemoteError,
+    UnknownTask,
+    ZqsyncError,
+)
+from .pool import SocketPool, ZqsyncWarning
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CallTimeout",
+    "Client",
+    "ConfigurationError",
+    "Congested",
+    "CongestionControl",
+    "PoolError",
+    "ProtocolError",
+    "RemoteError",
+    "SocketPool",
+    "UnknownTask",
+    "ZqsyncError",
+    "ZqsyncWarning",
+    "call",
+    "close_all",
+    "default_client",
+    "enqueue",
+]

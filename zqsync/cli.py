@@ -1,0 +1,185 @@
+"""The ``zqsync`` command: worker, call, enqueue, demo.
+
+Each subcommand is a small function; ``main`` only parses and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+from . import settings
+
+EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
+
+
+def _json_or_str(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _kwargs(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--kwargs must be a JSON object")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="zqsync",
+        description="Pooled ZeroMQ job enqueue and RPC for gevent and synchronous Python.",
+        epilog=EPILOG,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="logging level for zqsync's own messages (default: info)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    worker = commands.add_parser(
+        "worker", parents=[common], help="serve the tasks of a Registry",
+        description="Serve the tasks registered in MODULE:ATTR. The current directory is put on "
+        "sys.path (as gunicorn does) and gevent monkey-patches the process before the module is "
+        "imported, so blocking calls in tasks cooperate.",
+        epilog=EPILOG,
+    )
+    worker.add_argument("app", metavar="MODULE[:ATTR]", help="module and Registry attribute (ATTR defaults to 'registry')")
+    worker.add_argument("--bind", default=settings.BIND,
+                        help=f"base endpoint; port 0 picks a free pair (default: {settings.BIND})")
+    worker.add_argument("--concurrency", type=_positive_int, default=settings.CONCURRENCY,
+                        help=f"task slots (greenlets) per worker process (default: {settings.CONCURRENCY})")
+    worker.add_argument("--graceful-timeout", type=_seconds, default=settings.GRACEFUL_TIMEOUT,
+                        help="seconds a TERM/INT waits for in-flight tasks before killing them "
+                        f"(default: {settings.GRACEFUL_TIMEOUT})")
+    worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
+    worker.set_defaults(handler=cmd_worker)
+
+    for name, verb in (("call", "call a task and print its result as JSON"),
+                       ("enqueue", "enqueue a job (at most once) and print its job id")):
+        sub = commands.add_parser(name, parents=[common], help=verb, description=verb.capitalize() + ".", epilog=EPILOG)
+        sub.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
+        sub.add_argument("task", metavar="TASK", help="registered task name")
+        sub.add_argument("args", metavar="ARG", nargs="*", type=_json_or_str,
+                         help="positional task arguments, each parsed as JSON, else taken as a string")
+        sub.add_argument("--kwargs", type=_kwargs, default={}, metavar="JSON", help="keyword arguments as a JSON object")
+        sub.add_argument("--timeout", type=_seconds, default=None,
+                         help="seconds to wait for the reply (call) or for the worker to take the job (enqueue); "
+                         "default ZQSYNC_CALL_TIMEOUT / ZQSYNC_SEND_TIMEOUT")
+        sub.set_defaults(handler=cmd_call if name == "call" else cmd_enqueue)
+
+    demo = commands.add_parser(
+        "demo", parents=[common], help="run the main job end to end on loopback",
+        description="Start a worker and gunicorn -k gevent on the example Flask app, drive HTTP "
+        "requests that each enqueue a job and make a call, and print what the worker saw.",
+    )
+    demo.add_argument("--requests", type=_positive_int, default=2000, help="HTTP requests to send (default: 2000)")
+    demo.add_argument("--concurrency", type=_positive_int, default=50, help="requests in flight at once (default: 50)")
+    demo.add_argument("--web-workers", type=_positive_int, default=2, help="gunicorn worker processes (default: 2)")
+    demo.add_argument("--no-preload", action="store_true", help="start gunicorn without --preload")
+    demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole demo may take (default: 120)")
+    demo.set_defaults(handler=cmd_demo)
+    return parser
+
+
+def load_registry(app: str) -> Any:
+    """Import ``MODULE[:ATTR]`` (ATTR defaults to ``registry``) with the cwd on ``sys.path``.
+
+    :raises SystemExit: with a clear message if the module or attribute is missing
+        or is not a :class:`zqsync.worker.Registry`.
+    """
+    from .worker import Registry
+
+    module_name, _, attr = app.partition(":")
+    attr = attr or "registry"
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"zqsync worker: cannot import {module_name!r}: {exc}") from exc
+    registry = getattr(module, attr, None)
+    if not isinstance(registry, Registry):
+        raise SystemExit(f"zqsync worker: {module_name}.{attr} is {type(registry).__name__}, not a zqsync.worker.Registry")
+    return registry
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from gevent import monkey
+
+    monkey.patch_all()
+    from .worker.server import Worker
+
+    registry = load_registry(args.app)
+    worker = Worker(
+        registry, bind=args.bind, concurrency=args.concurrency,
+        graceful_timeout=args.graceful_timeout, ready_file=args.ready_file,
+    )
+    return worker.serve()
+
+
+def _client(endpoint: str) -> Any:
+    from .client import Client
+
+    return Client(endpoint)
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    with _client(args.endpoint) as client:
+        result = client.call_with_options(args.task, args=args.args, kwargs=args.kwargs, timeout=args.timeout)
+    print(json.dumps(result, default=repr))
+    return 0
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    with _client(args.endpoint) as client:
+        job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout)
+    print(job_id)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(
+        requests=args.requests, concurrency=args.concurrency, web_workers=args.web_workers,
+        preload=not args.no_preload, timeout=args.timeout,
+    )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``zqsync`` console script; returns the exit status."""
+    from .errors import ZqsyncError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args) or 0)
+    except ZqsyncError as exc:
+        print(f"zqsync {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,122 @@
+"""Congestion control for enqueue over PUSH: BLOCK, or DROP with early drop.
+
+Follows zenoh's congestion control (zenoh PRs 1627 and 1740):
+
+* ``BLOCK`` waits up to the send deadline for the peer's high-water mark to
+  make room, then raises :class:`~zqsync.errors.Congested`.
+* ``DROP`` waits at most ``wait_before_drop`` seconds, then drops the message
+  and marks the peer congested. While marked, every further message makes one
+  non-blocking attempt and never waits: a success sends it and clears the
+  mark, a failure drops it at once (early drop).
+
+zenoh's first version could leave the flag set forever when the consumer
+drained between the deadline expiring and the flag being set. Here only a
+sender clears the mark, by a successful non-blocking attempt that every
+marked message makes, so a drained peer is un-marked by the very next
+message whatever the interleaving: the mark cannot stick.
+
+The mark is per peer address and per process, shared by every hub and thread
+(set operations are atomic under the GIL); a forked child starts unmarked.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import time
+from typing import Any, Optional
+
+import zmq
+
+from . import transport
+from .errors import Congested
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two log lines about drops to one address.
+DROP_LOG_INTERVAL = 10.0
+
+
+class CongestionControl(enum.Enum):
+    """What ``enqueue`` does when the worker cannot take a job right now."""
+
+    BLOCK = "block"
+    DROP = "drop"
+
+    @classmethod
+    def parse(cls, value: "CongestionControl | str") -> "CongestionControl":
+        """Accept a member or its name/value, case-insensitively."""
+        if isinstance(value, cls):
+            return value
+        return cls(str(value).lower())
+
+
+class CongestionState:
+    """Per-process congestion marks and drop counters, keyed by peer address."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._marked: set[Any] = set()
+        self.drops = 0
+        self._unlogged: dict[Any, int] = {}
+        self._logged_at: dict[Any, float] = {}
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self.__init__()  # type: ignore[misc]
+
+    def is_marked(self, address: Any) -> bool:
+        """Whether ``address`` is currently marked congested in this process."""
+        self._check_fork()
+        return address in self._marked
+
+    def send(
+        self,
+        sock: zmq.Socket,
+        frame: bytes,
+        address: Any,
+        mode: CongestionControl,
+        *,
+        send_timeout: Optional[float],
+        wait_before_drop: float,
+    ) -> bool:
+        """Hand ``frame`` to ZeroMQ under ``mode``.
+
+        :param send_timeout: BLOCK's deadline in seconds (``None``: no bound).
+        :param wait_before_drop: DROP's wait in seconds for an unmarked peer.
+        :returns: ``True`` if sent, ``False`` if dropped (DROP only).
+        :raises Congested: BLOCK and the deadline ran out.
+        """
+        self._check_fork()
+        if mode is CongestionControl.BLOCK:
+            if transport.send(sock, frame, send_timeout):
+                self._marked.discard(address)
+                return True
+            raise Congested(address, send_timeout or 0.0)
+        if address in self._marked:
+            if transport.send(sock, frame, 0):
+                self._marked.discard(address)
+                return True
+        elif transport.send(sock, frame, wait_before_drop):
+            return True
+        else:
+            self._marked.add(address)
+        self._dropped(address)
+        return False
+
+    def _dropped(self, address: Any) -> None:
+        self.drops += 1
+        self._unlogged[address] = self._unlogged.get(address, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(address, -DROP_LOG_INTERVAL) >= DROP_LOG_INTERVAL:
+            self._logged_at[address] = now
+            log.warning(
+                "dropped %d job(s) for %s: worker congested or absent (CongestionControl.DROP)",
+                self._unlogged.pop(address),
+                address,
+            )
+
+
+#: The process-wide state every client shares.
+STATE = CongestionState()

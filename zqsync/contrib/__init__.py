@@ -1,0 +1,1 @@
+"""Integrations with other software: gunicorn server hooks."""

@@ -1,0 +1,522 @@
+"""SocketPool: connected PUSH/DEALER sockets reused across requests.
+
+This module carries the correctness argument of DESIGN.md ("The pool"); the
+rule numbers below refer to it.
+
+* Sockets are bucketed by ``(owner, address)``; the owner is ``(pid, hub)``
+  under gevent and ``(pid, thread)`` otherwise (rule 1, ``owner.py``).
+* A lease is exclusive (rule 2): a socket is in one bucket *or* in one lease.
+* Any exception in a lease body, ``BaseException`` included, closes the socket
+  with ``linger=0`` instead of parking it (rule 3): the request may be on the
+  wire and its late reply must never reach the next lessee.
+* A closed socket is never parked; a full bucket closes the surplus (rule 4).
+* At most ``maxsize`` sockets per ``(owner, address)`` are in flight; excess
+  callers wait on a per-address permit, bounded by ``lease(timeout=)``
+  (rules 5 and 6).
+* A lease inside a lease raises, on one pool or across pools (rule 7).
+* Owners that ended (thread finished, hub destroyed) are swept when a new
+  owner appears (rule 8).
+* After ``fork`` the child drops every inherited socket and context *without*
+  closing them (pyzmq's pid guard would skip the close anyway; a real close in
+  the child would write into the parent's I/O thread mailbox) and builds a
+  fresh context lazily. ``os.register_at_fork`` and a pid check on every lease
+  both detect it, because C-level forks skip the hook (rule 9).
+* The pool owns its context and sets ``MAX_SOCKETS``; exceeding it raises
+  :class:`PoolError`, never aborts (rule 10).
+* Every socket has a bounded linger (rule 11); waits are gevent-level for green
+  sockets (rule 12, ``transport.py``).
+"""
+
+from __future__ import annotations
+
+import _thread
+import atexit
+import contextlib
+import errno
+import os
+import secrets
+import sys
+import time
+import warnings
+import weakref
+from typing import Any, Iterator, Optional, Union
+
+import greenlet
+import zmq
+
+from .errors import PoolError
+from .owner import Owner, current_owner
+from .settings import ClientSettings
+
+Address = Union[str, tuple]
+
+#: Pools alive in this process, for the fork hook and interpreter exit.
+_pools: "weakref.WeakSet[SocketPool]" = weakref.WeakSet()
+#: greenlet -> pool, for every lease in progress (nested-lease detection).
+_holders: dict[Any, "SocketPool"] = {}
+#: Sockets and contexts inherited across fork: kept referenced, never closed.
+_orphans: list[Any] = []
+_hook_installed = False
+
+
+class ZqsyncWarning(RuntimeWarning):
+    """A configuration that will fail under load (for example the socket budget)."""
+
+
+def _native_lock() -> Any:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None:
+        return monkey.get_original("_thread", "allocate_lock")()
+    return _thread.allocate_lock()
+
+
+class _ThreadPermits:
+    """Counting semaphore for a native-thread owner.
+
+    A thread owner has a single flow of control and nested leases raise, so
+    this is never contended in practice; it still honours the cap and a
+    timeout without using (possibly monkey-patched) ``threading`` primitives.
+    """
+
+    def __init__(self, value: int) -> None:
+        self._value = value
+        self._lock = _native_lock()
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._value > 0:
+                    self._value -= 1
+                    return True
+            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                return False
+            time.sleep(0.001)
+
+    def release(self) -> None:
+        with self._lock:
+            self._value += 1
+
+
+def _new_permits(owner: Owner, value: int) -> Any:
+    if owner.green:
+        from gevent.lock import BoundedSemaphore
+
+        return BoundedSemaphore(value)
+    return _ThreadPermits(value)
+
+
+class SocketPool:
+    """A pool of connected sockets of one type, keyed per owner and per address.
+
+    :param socket_type: ``zmq.PUSH`` or ``zmq.DEALER`` (any connecting type works).
+    :param maxsize: sockets per ``(owner, address)``, in flight and idle; at
+        least 1. Default ``ZQSYNC_POOL_SIZE`` (4).
+    :param lease_timeout: default bound, seconds, on waiting for a free slot.
+        Default ``ZQSYNC_LEASE_TIMEOUT`` (5.0).
+    :param linger: seconds a cleanly closed socket may spend flushing queued
+        messages. Default ``ZQSYNC_LINGER`` (1.0). Poisoned sockets use 0.
+    :param hwm: send and receive high-water mark, messages. Default ``ZQSYNC_HWM``.
+    :param max_sockets: the context's ``MAX_SOCKETS``. Default ``ZQSYNC_MAX_SOCKETS``.
+    :param peers: addresses this pool is expected to dial, for the budget warning.
+    :param options: extra ``{zmq option: value}`` applied to every new socket.
+
+    Sockets are ``zmq.green`` sockets when the caller runs under a gevent hub,
+    plain ``zmq`` sockets otherwise. The pool is safe to share across threads,
+    hubs and forks. Construction emits :class:`ZqsyncWarning` when
+    ``maxsize * peers`` exceeds ``max_sockets``.
+    """
+
+    def __init__(
+        self,
+        socket_type: int,
+        *,
+        maxsize: Optional[int] = None,
+        lease_timeout: Optional[float] = None,
+        linger: Optional[float] = None,
+        hwm: Optional[int] = None,
+        max_sockets: Optional[int] = None,
+        peers: int = 1,
+        options: Optional[dict[int, Any]] = None,
+        settings: Optional[ClientSettings] = None,
+    ) -> None:
+        base = settings or ClientSettings.from_env()
+        resolved = ClientSettings.from_env(
+            env={},
+            pool_size=maxsize if maxsize is not None else base.pool_size,
+            lease_timeout=lease_timeout if lease_timeout is not None else base.lease_timeout,
+            linger=linger if linger is not None else base.linger,
+            hwm=hwm if hwm is not None else base.hwm,
+            max_sockets=max_sockets if max_sockets is not None else base.max_sockets,
+        )
+        self.socket_type = socket_type
+        self.maxsize = resolved.pool_size
+        self.lease_timeout = resolved.lease_timeout
+        self.max_sockets = resolved.max_sockets
+        self._linger_ms = int(resolved.linger * 1000)
+        self._hwm = resolved.hwm
+        self._options = dict(options or {})
+        self._lock = _native_lock()
+        self._closed = False
+        self._addresses: set[Any] = set()
+        self._warned_budget = False
+        self._stats = dict.fromkeys(
+            ("opened", "reused", "discarded_poisoned", "discarded_full", "waits", "peak_in_flight",
+             "stale_replies", "forks_detected", "swept"),
+            0,
+        )
+        self._stats_wait_seconds = 0.0
+        self._doomed: list[Any] = []
+        self._reset_state(os.getpid())
+        self._check_budget(peers)
+        _install_hooks()
+        _pools.add(self)
+
+    # -- state -------------------------------------------------------------
+
+    def _reset_state(self, pid: int) -> None:
+        self._context: Optional[zmq.Context] = None
+        self._idle: dict[tuple, list[zmq.Socket]] = {}
+        self._permits: dict[tuple, Any] = {}
+        self._owners: dict[tuple, Owner] = {}
+        self._leased: dict[zmq.Socket, Any] = {}  # socket -> holder greenlet
+        self._in_flight = 0
+        self._live = 0
+        # Written last: a thread racing the reset still sees a mismatch (redis-py's _checkpid).
+        self._pid = pid
+
+    def _after_fork_in_child(self) -> None:
+        """Drop everything inherited from the parent without closing it (rule 9)."""
+        self._stats["forks_detected"] += 1
+        me = greenlet.getcurrent()
+        doomed = [holder for holder in self._leased.values() if holder is not me]
+        for bucket in self._idle.values():
+            _orphans.extend(bucket)
+        for sock in list(self._leased) + [s for b in self._idle.values() for s in b]:
+            _silence(sock)
+        _orphans.extend(self._leased)
+        if self._context is not None:
+            _orphans.append(self._context)
+        self._lock = _native_lock()
+        self._doomed = doomed
+        self._reset_state(os.getpid())
+
+    def _check_fork(self) -> None:
+        if self._pid == os.getpid():
+            return
+        # A fork the hook did not see (C-level fork): one reset, under the lock.
+        lock = self._lock
+        if lock.acquire(timeout=5.0):
+            try:
+                if self._pid != os.getpid():
+                    self._after_fork_in_child()
+            finally:
+                lock.release()
+        else:  # the lock was held across a C-level fork by a thread that no longer exists
+            self._after_fork_in_child()
+
+    def _kill_copied_greenlets(self) -> None:
+        # Greenlets copied into the child mid-lease must never touch an
+        # inherited socket again: kill them before the hub next runs.
+        doomed, self._doomed = self._doomed, []
+        for holder in doomed:
+            if not holder.dead and hasattr(holder, "kill"):
+                holder.kill(block=False)
+
+    def _context_for_process(self) -> zmq.Context:
+        context = self._context
+        if context is None:
+            context = zmq.Context(io_threads=1)
+            limit = context.get(zmq.SOCKET_LIMIT)
+            context.set(zmq.MAX_SOCKETS, min(self.max_sockets, limit))
+            self._context = context
+        return context
+
+    def _check_budget(self, peers: int) -> None:
+        if self._warned_budget or self.maxsize * peers <= self.max_sockets:
+            return
+        self._warned_budget = True
+        warnings.warn(
+            f"SocketPool may need {self.maxsize} x {peers} = {self.maxsize * peers} sockets, "
+            f"more than the context's MAX_SOCKETS {self.max_sockets}: lower ZQSYNC_POOL_SIZE "
+            "or raise ZQSYNC_MAX_SOCKETS (and ulimit -n); leases past the budget raise PoolError",
+            ZqsyncWarning,
+            stacklevel=3,
+        )
+
+    # -- leasing -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lease(self, address: Address, *, timeout: Optional[float] = None) -> Iterator[zmq.Socket]:
+        """Lease a connected socket for exclusive use in a ``with`` block.
+
+        :param address: an endpoint such as ``"tcp://127.0.0.1:5556"``, or a
+            tuple of endpoints that one socket connects to (ZeroMQ then
+            balances across them).
+        :param timeout: seconds to wait for a free slot when ``maxsize``
+            sockets to this address are already leased by this owner.
+            Default: the pool's ``lease_timeout``.
+        :returns: a context manager yielding the socket. On a clean exit the
+            socket returns to the pool; on *any* exception it is closed with
+            ``linger=0`` and the exception propagates.
+        :raises PoolError: the wait ran out, the lease is nested inside
+            another lease, the pool is closed, or the socket budget is spent.
+
+        Blocks (cooperatively under gevent) only while waiting for a slot.
+        """
+        self._check_fork()
+        if self._closed:
+            raise PoolError("this SocketPool is closed")
+        holder = greenlet.getcurrent()
+        if holder in _holders:
+            raise PoolError(
+                "nested lease: this greenlet/thread already holds a pooled socket; finish that "
+                "request before starting another (a nested lease can deadlock on the pool's cap)"
+            )
+        if self._doomed:
+            self._kill_copied_greenlets()
+        owner = current_owner()
+        key = (owner.key, address)
+        permits = self._permits.get(key) or self._register(key, owner, address)
+        self._acquire(permits, address, self.lease_timeout if timeout is None else timeout)
+        pid = self._pid
+        _holders[holder] = self
+        try:
+            sock = self._take(key) or self._open(address, owner)
+            self._enter_flight(sock, holder)
+            try:
+                yield sock
+            except BaseException:
+                self._discard(sock, pid)
+                raise
+            self._park(key, sock, pid)
+        finally:
+            _holders.pop(holder, None)
+            permits.release()
+
+    def _acquire(self, permits: Any, address: Address, timeout: float) -> None:
+        if permits.acquire(blocking=False):
+            return
+        started = time.monotonic()
+        acquired = permits.acquire(blocking=True, timeout=timeout)
+        self._stats["waits"] += 1
+        self._stats_wait_seconds += time.monotonic() - started
+        if not acquired:
+            raise PoolError(
+                f"no pooled socket to {address!r} came free within {timeout:.3f} s: "
+                f"{self.maxsize} are in use by this process/hub. Raise ZQSYNC_POOL_SIZE "
+                "(or maxsize=), lower concurrency, or pass a longer lease timeout"
+            )
+
+    def _register(self, key: tuple, owner: Owner, address: Address) -> Any:
+        with self._lock:
+            permits = self._permits.get(key)
+            if permits is None:
+                if owner.key not in self._owners:
+                    self._sweep_dead_owners()
+                    self._owners[owner.key] = owner
+                permits = self._permits[key] = _new_permits(owner, self.maxsize)
+                if address not in self._addresses:
+                    self._addresses.add(address)
+                    self._check_budget(len(self._addresses))
+            return permits
+
+    def _take(self, key: tuple) -> Optional[zmq.Socket]:
+        with self._lock:
+            bucket = self._idle.get(key)
+            while bucket:
+                sock = bucket.pop()
+                if not sock.closed:
+                    self._stats["reused"] += 1
+                    return sock
+        return None
+
+    def _open(self, address: Address, owner: Owner) -> zmq.Socket:
+        context = self._context_for_process()
+        if owner.green:
+            import zmq.green as zmq_green
+
+            socket_class: Any = zmq_green.Socket
+        else:
+            socket_class = zmq.Socket
+        try:
+            sock = socket_class(context, self.socket_type)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EMFILE:
+                raise PoolError(
+                    f"the zmq context's socket budget is spent (MAX_SOCKETS {self.max_sockets}, "
+                    f"{self._live} open): raise ZQSYNC_MAX_SOCKETS (and ulimit -n) or lower "
+                    "ZQSYNC_POOL_SIZE"
+                ) from exc
+            raise
+        try:
+            self._configure(sock, address)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        with self._lock:
+            self._stats["opened"] += 1
+            self._live += 1
+        return sock
+
+    def _configure(self, sock: zmq.Socket, address: Address) -> None:
+        sock.setsockopt(zmq.LINGER, self._linger_ms)
+        sock.setsockopt(zmq.SNDHWM, self._hwm)
+        sock.setsockopt(zmq.RCVHWM, self._hwm)
+        # Queue only to completed connections: a send to a peer that never
+        # answered then waits (bounded by the caller's deadline) instead of
+        # being queued and delivered, stale, much later; and with several
+        # endpoints, messages go only to the ones that are up.
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        # The identity names the process, so a peer can count sockets per process.
+        sock.setsockopt(zmq.IDENTITY, f"zq-{os.getpid()}-{secrets.token_hex(4)}".encode())
+        for option, value in self._options.items():
+            sock.setsockopt(option, value)
+        for endpoint in (address,) if isinstance(address, str) else address:
+            sock.connect(endpoint)
+
+    def _enter_flight(self, sock: zmq.Socket, holder: Any) -> None:
+        with self._lock:
+            self._leased[sock] = holder
+            self._in_flight += 1
+            if self._in_flight > self._stats["peak_in_flight"]:
+                self._stats["peak_in_flight"] = self._in_flight
+
+    def _leave_flight(self, sock: zmq.Socket, pid: int) -> bool:
+        """Forget a leased socket. ``False`` if it was inherited across a fork."""
+        if pid != self._pid:
+            return False
+        self._leased.pop(sock, None)
+        self._in_flight -= 1
+        return True
+
+    def _park(self, key: tuple, sock: zmq.Socket, pid: int) -> None:
+        surplus = None
+        with self._lock:
+            if not self._leave_flight(sock, pid):
+                return  # inherited: dropped, never closed (rule 9)
+            bucket = self._idle.setdefault(key, [])
+            if sock.closed:
+                self._live -= 1
+                return
+            if self._closed or len(bucket) >= self.maxsize:
+                surplus = sock
+                self._stats["discarded_full"] += 1
+                self._live -= 1
+            else:
+                bucket.append(sock)
+        if surplus is not None:
+            surplus.close()
+
+    def _discard(self, sock: zmq.Socket, pid: int) -> None:
+        with self._lock:
+            if not self._leave_flight(sock, pid):
+                return
+            self._stats["discarded_poisoned"] += 1
+            if not sock.closed:
+                self._live -= 1
+        sock.close(linger=0)
+
+    def _sweep_dead_owners(self) -> None:
+        """Close the idle sockets of owners that ended. Caller holds the lock."""
+        dead = [key for key, owner in self._owners.items() if not owner.alive()]
+        for owner_key in dead:
+            del self._owners[owner_key]
+            for key in [k for k in self._permits if k[0] == owner_key]:
+                del self._permits[key]
+                for sock in self._idle.pop(key, []):
+                    _close_foreign(sock, self._linger_ms)
+                    self._live -= 1
+                    self._stats["swept"] += 1
+
+    # -- reporting and shutdown ------------------------------------------
+
+    def note_stale_reply(self) -> None:
+        """Count a reply that arrived for a request nobody waits for any more."""
+        self._stats["stale_replies"] += 1
+
+    def stats(self) -> dict[str, float]:
+        """Counters for this pool in this process.
+
+        :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``,
+            ``discarded_full``, ``waits``, ``wait_seconds`` (float seconds),
+            ``peak_in_flight``, ``stale_replies``, ``forks_detected``,
+            ``swept``, ``in_flight`` and ``open`` (sockets open now).
+        """
+        with self._lock:
+            result: dict[str, float] = dict(self._stats)
+            result["wait_seconds"] = self._stats_wait_seconds
+            result["in_flight"] = self._in_flight if self._pid == os.getpid() else 0
+            result["open"] = self._live if self._pid == os.getpid() else 0
+        return result
+
+    def close(self, *, linger: Optional[float] = None) -> None:
+        """Close idle sockets and, once none is in flight, the context.
+
+        :param linger: seconds each idle socket may spend flushing queued
+            messages (default: the pool's linger). Never blocks longer than
+            that per socket, even with peers unreachable (rule 11).
+
+        Sockets still leased are closed when their lease ends. Idempotent.
+        """
+        if self._pid != os.getpid():
+            self._check_fork()
+        linger_ms = self._linger_ms if linger is None else int(linger * 1000)
+        with self._lock:
+            self._closed = True
+            idle = [sock for bucket in self._idle.values() for sock in bucket]
+            self._idle.clear()
+            self._live -= len(idle)
+            context, in_flight = self._context, self._in_flight
+            if in_flight == 0:
+                self._context = None
+        for sock in idle:
+            _close_foreign(sock, linger_ms)
+        if context is not None and in_flight == 0:
+            context.term()
+
+    def __repr__(self) -> str:
+        return f"<SocketPool type={self.socket_type} maxsize={self.maxsize} pid={self._pid}>"
+
+
+def _silence(sock: zmq.Socket) -> None:
+    """Stop a green socket's event watcher without any libzmq call (child side of a fork)."""
+    watcher = getattr(sock, "_state_event", None)
+    if watcher is not None:
+        try:
+            watcher.stop()
+        except Exception:  # a watcher of a loop already gone: nothing to stop
+            pass
+
+
+def _close_foreign(sock: zmq.Socket, linger_ms: int) -> None:
+    """Close a socket possibly created under another (maybe destroyed) hub."""
+    _silence(sock)
+    if hasattr(sock, "_state_event"):
+        sock._state_event = None
+    zmq.Socket.close(sock, linger=linger_ms)
+
+
+def _after_fork_in_child() -> None:
+    _holders.clear()
+    for pool in list(_pools):
+        if pool._pid != os.getpid():
+            pool._after_fork_in_child()
+
+
+def _close_all_at_exit() -> None:
+    for pool in list(_pools):
+        if pool._pid == os.getpid():
+            try:
+                pool.close()
+            except Exception:  # interpreter exit: nothing useful left to raise to
+                pass
+
+
+def _install_hooks() -> None:
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    atexit.register(_close_all_at_exit)

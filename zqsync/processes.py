@@ -1,0 +1,224 @@
+"""Start and stop real worker and gunicorn processes (used by ``zqsync demo`` and ``zqsync.testing``).
+
+Every process is started in its own session and stopped by its pid: TERM,
+then KILL after a deadline, so nothing outlives its owner.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Mapping, Optional, Sequence
+
+from .errors import ZqsyncError
+
+
+class ProcessFailed(ZqsyncError):
+    """A helper process exited early or did not become ready in time."""
+
+
+def stop_process(proc: subprocess.Popen, *, timeout: float = 10.0, sig: int = signal.SIGTERM) -> Optional[int]:
+    """Send ``sig`` to ``proc`` (by pid), wait up to ``timeout`` seconds, then SIGKILL.
+
+    :returns: the exit status (negative for a signal), as ``Popen.returncode``.
+    """
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, sig)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Started with start_new_session, so its group id is its pid: the
+            # KILL also reaches children it left behind (gunicorn's workers).
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5.0)
+        except ProcessLookupError:
+            proc.wait(5.0)
+    return proc.returncode
+
+
+def _output_tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class WorkerProcess:
+    """A ``zqsync worker`` subprocess on an ephemeral port pair of 127.0.0.1.
+
+    :param app: ``MODULE[:ATTR]`` of the registry to serve.
+    :param cwd: directory the worker runs in (and imports ``app`` from).
+    :param concurrency: task slots.
+    :param extra_args: more ``zqsync worker`` arguments.
+    :param env: extra environment variables.
+    :param ready_timeout: seconds to wait for the worker to listen.
+
+    Use :meth:`start` (or the context manager) and :meth:`stop`.
+    ``endpoint`` is the bound base endpoint; output goes to ``log_path``.
+    """
+
+    def __init__(
+        self,
+        app: str = "workers.demo:registry",
+        *,
+        cwd: Optional[str] = None,
+        concurrency: int = 100,
+        extra_args: Sequence[str] = (),
+        env: Optional[Mapping[str, str]] = None,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        self.app = app
+        self.cwd = cwd or os.getcwd()
+        self.concurrency = concurrency
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.ready_timeout = ready_timeout
+        self._dir = tempfile.mkdtemp(prefix="zqsync-worker-")
+        self.log_path = os.path.join(self._dir, "worker.log")
+        self.endpoint = ""
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid. :raises ProcessFailed: not started."""
+        if self.proc is None:
+            raise ProcessFailed("worker not started")
+        return self.proc.pid
+
+    def start(self) -> "WorkerProcess":
+        """Start the worker and wait until it listens.
+
+        :raises ProcessFailed: it exited or did not listen within ``ready_timeout``
+            seconds; the message carries the end of its output.
+        """
+        ready = os.path.join(self._dir, "ready")
+        command = [
+            sys.executable, "-m", "zqsync", "worker", self.app, "--bind", "tcp://127.0.0.1:0",
+            "--concurrency", str(self.concurrency), "--ready-file", ready, *self.extra_args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                command, cwd=self.cwd, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        deadline = time.monotonic() + self.ready_timeout
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ProcessFailed(f"worker {self.app} did not start:\n{_output_tail(self.log_path)}")
+            time.sleep(0.02)
+        with open(ready) as handle:
+            self.endpoint = handle.read().strip()
+        return self
+
+    def stop(self, *, timeout: float = 15.0, sig: int = signal.SIGTERM) -> Optional[int]:
+        """Stop the worker by pid (``sig``, then SIGKILL after ``timeout`` seconds); returns its exit status."""
+        return stop_process(self.proc, timeout=timeout, sig=sig) if self.proc else None
+
+    def output(self) -> str:
+        """Everything the worker printed so far."""
+        return _output_tail(self.log_path, lines=10_000)
+
+    def __enter__(self) -> "WorkerProcess":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+class GunicornProcess:
+    """Real ``gunicorn -k gevent`` serving ``app`` on a listening socket this process binds.
+
+    The socket is bound here and handed over as ``fd://N``, so its port is
+    known before gunicorn starts, with no race for a free port.
+
+    :param app: WSGI app, e.g. ``"webapp:app"``.
+    :param chdir: directory gunicorn imports ``app`` from.
+    :param config: path of a gunicorn config file, or ``None``.
+    :param workers: worker processes.
+    :param preload: pass ``--preload`` (load the app in the master before forking).
+    :param env: extra environment variables (e.g. ``ZQSYNC_ENDPOINT``).
+    """
+
+    def __init__(
+        self,
+        app: str,
+        *,
+        chdir: str,
+        config: Optional[str] = None,
+        workers: int = 2,
+        preload: bool = True,
+        env: Optional[Mapping[str, str]] = None,
+        ready_timeout: float = 60.0,
+    ) -> None:
+        self.app, self.chdir, self.config = app, chdir, config
+        self.workers, self.preload = workers, preload
+        self.env = dict(env or {})
+        self.ready_timeout = ready_timeout
+        self._dir = tempfile.mkdtemp(prefix="zqsync-gunicorn-")
+        self.log_path = os.path.join(self._dir, "gunicorn.log")
+        self.proc: Optional[subprocess.Popen] = None
+        self.url = ""
+
+    def start(self) -> "GunicornProcess":
+        """Start gunicorn and wait until ``/health`` answers.
+
+        :raises ProcessFailed: it exited or did not answer in time.
+        """
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(2048)
+        listener.set_inheritable(True)
+        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        command = [sys.executable, "-m", "gunicorn", "-k", "gevent", "-w", str(self.workers),
+                   "--bind", f"fd://{listener.fileno()}", "--chdir", self.chdir, "--log-level", "warning"]
+        if self.config:
+            command += ["-c", self.config]
+        if self.preload:
+            command.append("--preload")
+        command.append(self.app)
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    command, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),), start_new_session=True,
+                )
+        finally:
+            listener.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ProcessFailed(f"gunicorn did not start:\n{_output_tail(self.log_path)}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2.0) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+
+    def stop(self, *, timeout: float = 20.0) -> Optional[int]:
+        """Stop gunicorn's master by pid (TERM, then KILL); returns its exit status."""
+        return stop_process(self.proc, timeout=timeout) if self.proc else None
+
+    def output(self) -> str:
+        """Everything gunicorn printed so far."""
+        return _output_tail(self.log_path, lines=10_000)
+
+    def __enter__(self) -> "GunicornProcess":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

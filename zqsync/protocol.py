@@ -1,0 +1,153 @@
+"""The wire envelope: one msgpack map per ZeroMQ frame.
+
+Request (client to worker; PUSH frame, or DEALER frame that a ROUTER
+receives as ``[identity, body]``)::
+
+    {"v": 1, "id": str, "kind": "job" | "call", "task": str, "args": list, "kwargs": map}
+
+Reply (worker to client, on the rpc socket only; an error reply has an empty
+``id`` when the worker could not decode the request's own id)::
+
+    {"v": 1, "id": str, "ok": true, "result": any}
+    {"v": 1, "id": str, "ok": false, "error": {"type": str, "message": str, "traceback": str}}
+
+``id`` is the job id or request id, echoed in every reply so that a client
+can recognise and drop a stray reply (DESIGN.md, pool rule 3). Decoding
+validates every field it uses and raises :class:`~zqsync.errors.ProtocolError`
+and nothing else. Task arguments and results must be msgpack-serialisable:
+``None``, bool, int, float, str, bytes, lists/tuples and maps of those.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgpack
+
+from .errors import ProtocolError
+
+VERSION = 1
+KINDS = ("job", "call")
+#: Upper bound of one frame, bytes (the worker also sets ZMQ_MAXMSGSIZE to this).
+MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+MAX_TASK_NAME = 200
+MAX_ID = 64
+
+
+class Request(NamedTuple):
+    """A decoded request. ``args`` is a list, ``kwargs`` a dict with str keys."""
+
+    id: str
+    kind: str
+    task: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class Reply(NamedTuple):
+    """A decoded reply: ``ok`` with ``result``, or not ``ok`` with ``error`` fields."""
+
+    id: str
+    ok: bool
+    result: Any
+    error: dict[str, str] | None
+
+
+def _pack(message: dict[str, Any]) -> bytes:
+    try:
+        return msgpack.packb(message, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode message for task arguments or result: {exc}") from exc
+
+
+def _unpack(data: bytes, max_size: int) -> dict[str, Any]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"frame must be bytes, got {type(data).__name__}")
+    if len(data) > max_size:
+        raise ProtocolError(f"frame of {len(data)} bytes exceeds the {max_size}-byte limit")
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError(f"frame must hold a map, got {type(message).__name__}")
+    if message.get("v") != VERSION:
+        raise ProtocolError(f"unsupported protocol version {message.get('v')!r} (this side speaks {VERSION})")
+    return message
+
+
+def _check_str(message: dict[str, Any], field: str, limit: int) -> str:
+    value = message.get(field)
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise ProtocolError(f"field {field!r} must be a non-empty str of at most {limit} characters, got {value!r:.80}")
+    return value
+
+
+def encode_request(kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None) -> bytes:
+    """Encode a request frame.
+
+    :param kind: ``"job"`` (fire and forget) or ``"call"`` (a reply is expected).
+    :param request_id: job id or request id, at most 64 characters.
+    :param task: registered task name.
+    :param args: positional arguments (tuple or list).
+    :param kwargs: keyword arguments (dict with str keys) or ``None``.
+    :raises ProtocolError: an argument cannot be serialised.
+    """
+    return _pack(
+        {"v": VERSION, "id": request_id, "kind": kind, "task": task, "args": list(args), "kwargs": kwargs or {}}
+    )
+
+
+def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
+    """Decode and validate a request frame.
+
+    :raises ProtocolError: the frame is malformed; the message names the fault.
+    """
+    message = _unpack(data, max_size)
+    _check_str(message, "id", MAX_ID)
+    kind = message.get("kind")
+    if kind not in KINDS:
+        raise ProtocolError(f"field 'kind' must be one of {KINDS}, got {kind!r:.80}")
+    task = _check_str(message, "task", MAX_TASK_NAME)
+    args = message.get("args", [])
+    kwargs = message.get("kwargs", {})
+    if not isinstance(args, list):
+        raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
+    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
+        raise ProtocolError("field 'kwargs' must be a map with str keys")
+    return Request(message["id"], kind, task, args, kwargs)
+
+
+def encode_result(request_id: str, result: Any) -> bytes:
+    """Encode a success reply. :raises ProtocolError: the result cannot be serialised."""
+    return _pack({"v": VERSION, "id": request_id, "ok": True, "result": result})
+
+
+def encode_error(request_id: str, type_name: str, message: str, traceback: str = "") -> bytes:
+    """Encode an error reply naming the remote exception type, its message and traceback."""
+    return _pack(
+        {
+            "v": VERSION,
+            "id": request_id,
+            "ok": False,
+            "error": {"type": type_name, "message": message, "traceback": traceback},
+        }
+    )
+
+
+def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
+    """Decode and validate a reply frame.
+
+    :raises ProtocolError: the frame is malformed; the message names the fault.
+    """
+    message = _unpack(data, max_size)
+    ok = message.get("ok")
+    if not (ok is False and message.get("id") == ""):  # "": the worker could not read our request's id
+        _check_str(message, "id", MAX_ID)
+    if ok is True:
+        return Reply(message["id"], True, message.get("result"), None)
+    error = message.get("error")
+    if ok is not False or not isinstance(error, dict):
+        raise ProtocolError("reply must carry ok=true with a result, or ok=false with an error map")
+    fields = {name: str(error.get(name, "")) for name in ("type", "message", "traceback")}
+    return Reply(message["id"], False, None, fields)

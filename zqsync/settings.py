@@ -1,0 +1,137 @@
+"""Every default zqsync uses, with its unit, in one place (as RQ's ``defaults.py``).
+
+Environment variables are read by :meth:`ClientSettings.from_env`, which
+constructors call. Nothing is read at import time, so a process can set
+``ZQSYNC_*`` after importing zqsync and before building a client.
+
+========================== ======================== ============ ===========
+environment variable       field                    unit         default
+========================== ======================== ============ ===========
+``ZQSYNC_ENDPOINT``        endpoint (default client) URL list    (none)
+``ZQSYNC_POOL_SIZE``       pool_size                sockets      4
+``ZQSYNC_LEASE_TIMEOUT``   lease_timeout            seconds      5.0
+``ZQSYNC_CALL_TIMEOUT``    call_timeout             seconds      10.0
+``ZQSYNC_SEND_TIMEOUT``    send_timeout             seconds      1.0
+``ZQSYNC_CONGESTION``      congestion               block|drop   block
+``ZQSYNC_WAIT_BEFORE_DROP`` wait_before_drop        seconds      0.001
+``ZQSYNC_LINGER``          linger                   seconds      1.0
+``ZQSYNC_HWM``             hwm                      messages     1000
+``ZQSYNC_MAX_SOCKETS``     max_sockets              sockets      4096
+========================== ======================== ============ ===========
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigurationError
+
+POOL_SIZE = 4
+LEASE_TIMEOUT = 5.0
+CALL_TIMEOUT = 10.0
+SEND_TIMEOUT = 1.0
+CONGESTION = "block"
+WAIT_BEFORE_DROP = 0.001
+LINGER = 1.0
+HWM = 1000
+MAX_SOCKETS = 4096
+
+#: Worker defaults.
+CONCURRENCY = 100
+GRACEFUL_TIMEOUT = 30.0
+BIND = "tcp://127.0.0.1:5555"
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{name} must be an integer, got {value!r}", setting=name) from exc
+    if number < minimum:
+        raise ConfigurationError(f"{name} must be at least {minimum}, got {number}", setting=name)
+    return number
+
+
+def _seconds(name: str, value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}", setting=name) from exc
+    if not number >= 0:  # also rejects NaN
+        raise ConfigurationError(f"{name} must be >= 0 seconds, got {number}", setting=name)
+    return number
+
+
+def _congestion(name: str, value: Any) -> str:
+    text = str(getattr(value, "value", value)).lower()
+    if text not in ("block", "drop"):
+        raise ConfigurationError(f"{name} must be 'block' or 'drop', got {value!r}", setting=name)
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientSettings:
+    """Resolved client and pool settings. Durations are seconds as floats."""
+
+    pool_size: int = POOL_SIZE
+    lease_timeout: float = LEASE_TIMEOUT
+    call_timeout: float = CALL_TIMEOUT
+    send_timeout: float = SEND_TIMEOUT
+    congestion: str = CONGESTION
+    wait_before_drop: float = WAIT_BEFORE_DROP
+    linger: float = LINGER
+    hwm: int = HWM
+    max_sockets: int = MAX_SOCKETS
+
+    _ENV = {
+        "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
+        "lease_timeout": ("ZQSYNC_LEASE_TIMEOUT", _seconds),
+        "call_timeout": ("ZQSYNC_CALL_TIMEOUT", _seconds),
+        "send_timeout": ("ZQSYNC_SEND_TIMEOUT", _seconds),
+        "congestion": ("ZQSYNC_CONGESTION", _congestion),
+        "wait_before_drop": ("ZQSYNC_WAIT_BEFORE_DROP", _seconds),
+        "linger": ("ZQSYNC_LINGER", _seconds),
+        "hwm": ("ZQSYNC_HWM", lambda n, v: _positive_int(n, v, 0)),
+        "max_sockets": ("ZQSYNC_MAX_SOCKETS", lambda n, v: _positive_int(n, v, 1)),
+    }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "ClientSettings":
+        """Resolve settings: explicit keyword overrides, then ``ZQSYNC_*`` variables, then defaults.
+
+        :param env: the environment to read (default ``os.environ``), read now.
+        :param overrides: field values; ``None`` means "not given".
+        :raises ConfigurationError: a value is malformed or out of range; the
+            error names the environment variable or argument.
+        """
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for field, (var, check) in cls._ENV.items():
+            check_fn: Callable[[str, Any], Any] = check  # type: ignore[assignment]
+            given = overrides.pop(field, None)
+            if given is not None:
+                values[field] = check_fn(field, given)
+            elif env.get(var, "").strip():
+                values[field] = check_fn(var, env[var].strip())
+        if overrides:
+            raise ConfigurationError(f"unknown settings: {sorted(overrides)}")
+        return cls(**values)
+
+
+def default_endpoint(env: Mapping[str, str] | None = None) -> list[str]:
+    """The endpoints named by ``ZQSYNC_ENDPOINT`` (comma-separated).
+
+    :raises ConfigurationError: the variable is unset or empty.
+    """
+    env = os.environ if env is None else env
+    raw = env.get("ZQSYNC_ENDPOINT", "")
+    endpoints = [part.strip() for part in raw.split(",") if part.strip()]
+    if not endpoints:
+        raise ConfigurationError(
+            "ZQSYNC_ENDPOINT is not set: set it to a worker endpoint such as tcp://127.0.0.1:5555, "
+            "or build a zqsync.Client(endpoint) yourself",
+            setting="ZQSYNC_ENDPOINT",
+        )
+    return endpoints

@@ -1,0 +1,85 @@
+"""Deadline-bounded send and receive for plain and green (``zmq.green``) sockets.
+
+zmq.green ignores ``RCVTIMEO``/``SNDTIMEO`` (DESIGN.md, pool rule 12), so a
+green socket waits under a ``gevent.Timeout`` and a plain one under
+``zmq.Socket.poll``. Only our own timer is swallowed: a caller's
+``gevent.Timeout`` propagates untouched (gevent's ``except Timeout as ex: if
+ex is not timer: raise`` idiom).
+
+``timeout`` is seconds as a float: ``0`` makes one non-blocking attempt,
+``None`` waits without bound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import zmq
+
+
+def _is_green(sock: zmq.Socket) -> bool:
+    return type(sock).__module__.startswith("zmq.green")
+
+
+def _ms(timeout: Optional[float]) -> Optional[int]:
+    return None if timeout is None else max(0, math.ceil(timeout * 1000))
+
+
+def _green_wait(operation, timeout: Optional[float]):  # type: ignore[no-untyped-def]
+    import gevent
+
+    timer = gevent.Timeout._start_new_or_dummy(timeout)
+    try:
+        return operation()
+    except gevent.Timeout as ex:
+        if ex is not timer:
+            raise
+        return None
+    finally:
+        timer.close()
+
+
+def send(sock: zmq.Socket, frame: bytes, timeout: Optional[float]) -> bool:
+    """Send one frame, waiting at most ``timeout`` seconds for the socket to accept it.
+
+    Blocks only the calling greenlet on a green socket.
+
+    :returns: ``True`` if ZeroMQ took the frame, ``False`` if the deadline ran out.
+    :raises zmq.ZMQError: any error other than "would block".
+    """
+    try:
+        sock.send(frame, zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        if timeout == 0:
+            return False
+    if _is_green(sock):
+        return _green_wait(lambda: sock.send(frame) or True, timeout) is True
+    if sock.poll(_ms(timeout), zmq.POLLOUT):
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+    return False
+
+
+def recv(sock: zmq.Socket, timeout: Optional[float]) -> Optional[bytes]:
+    """Receive one frame, waiting at most ``timeout`` seconds.
+
+    Blocks only the calling greenlet on a green socket.
+
+    :returns: the frame's bytes, or ``None`` if the deadline ran out.
+    :raises zmq.ZMQError: any error other than "would block".
+    """
+    try:
+        return sock.recv(zmq.NOBLOCK)
+    except zmq.Again:
+        if timeout == 0:
+            return None
+    if _is_green(sock):
+        return _green_wait(sock.recv, timeout)
+    if sock.poll(_ms(timeout), zmq.POLLIN):
+        return sock.recv(zmq.NOBLOCK)
+    return None

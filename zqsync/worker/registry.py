@@ -1,0 +1,102 @@
+"""Registry: the tasks a worker will run, by name. Nothing else ever runs."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional, TypeVar, overload
+
+from ..errors import ConfigurationError
+from ..protocol import MAX_TASK_NAME
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: Names under this prefix are the worker's built-in tasks.
+RESERVED_PREFIX = "zqsync."
+
+
+class Task(NamedTuple):
+    """A registered task.
+
+    :ivar name: the name clients use.
+    :ivar fn: the function; called with the request's ``*args, **kwargs``.
+    :ivar time_limit: seconds the task may run before it is interrupted
+        (``gevent.Timeout``), or ``None`` for no limit.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    time_limit: Optional[float]
+
+
+class Registry:
+    """A name-to-task map that a worker serves.
+
+    Usage::
+
+        registry = Registry()
+
+        @registry.task
+        def add(a, b):
+            return a + b
+
+        @registry.task(name="resize", time_limit=30.0)
+        def resize(image_id, size="small"): ...
+
+    Then ``zqsync worker mymodule:registry --bind tcp://127.0.0.1:5555``.
+    """
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task] = {}
+
+    @overload
+    def task(self, fn: F) -> F: ...
+
+    @overload
+    def task(self, *, name: Optional[str] = None, time_limit: Optional[float] = None) -> Callable[[F], F]: ...
+
+    def task(
+        self, fn: Optional[F] = None, *, name: Optional[str] = None, time_limit: Optional[float] = None
+    ) -> Any:
+        """Register ``fn`` as a task; usable bare (``@registry.task``) or with options.
+
+        :param name: the task name (default: the function's ``__name__``).
+        :param time_limit: seconds before the task is interrupted; ``None`` for none.
+        :returns: ``fn`` itself, unchanged, so it stays callable locally.
+        :raises ConfigurationError: the name is taken, reserved, or too long,
+            or ``time_limit`` is not a positive number.
+        """
+
+        def register(function: F) -> F:
+            self.add(function, name=name, time_limit=time_limit)
+            return function
+
+        return register(fn) if fn is not None else register
+
+    def add(self, fn: Callable[..., Any], *, name: Optional[str] = None, time_limit: Optional[float] = None) -> Task:
+        """Register ``fn`` without decorator syntax; see :meth:`task`."""
+        if not callable(fn):
+            raise ConfigurationError(f"a task must be callable, got {fn!r}", setting="fn")
+        task_name = name or getattr(fn, "__name__", "")
+        if not isinstance(task_name, str) or not task_name or len(task_name) > MAX_TASK_NAME:
+            raise ConfigurationError(f"task name must be 1..{MAX_TASK_NAME} characters, got {task_name!r}", setting="name")
+        if task_name.startswith(RESERVED_PREFIX):
+            raise ConfigurationError(f"task names starting with {RESERVED_PREFIX!r} are reserved", setting="name")
+        if task_name in self._tasks:
+            raise ConfigurationError(f"task {task_name!r} is already registered", setting="name")
+        if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+            raise ConfigurationError(f"time_limit must be a positive number of seconds, got {time_limit!r}", setting="time_limit")
+        task = Task(task_name, fn, None if time_limit is None else float(time_limit))
+        self._tasks[task_name] = task
+        return task
+
+    def get(self, name: str) -> Optional[Task]:
+        """The task registered as ``name``, or ``None``."""
+        return self._tasks.get(name)
+
+    def names(self) -> list[str]:
+        """Registered task names, sorted."""
+        return sorted(self._tasks)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
