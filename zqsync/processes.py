@@ -122,6 +122,36 @@ class WorkerProcess:
         """Stop the worker by pid (``sig``, then SIGKILL after ``timeout`` seconds); returns its exit status."""
         return stop_process(self.proc, timeout=timeout, sig=sig) if self.proc else None
 
+    def stats(self, *, timeout: float = 10.0) -> dict:
+        """The worker's ``zqsync.stats``, asked over a throwaway DEALER whose identity
+        starts with ``probe-`` (so it never counts as a client socket).
+
+        :raises ProcessFailed: no answer within ``timeout`` seconds.
+        """
+        import zmq
+
+        from . import protocol
+        from .client import split_endpoint
+
+        context = zmq.Context.instance()
+        sock = context.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IDENTITY, b"probe-" + os.urandom(4).hex().encode())
+            sock.connect(split_endpoint(self.endpoint)[1])
+            sock.send(protocol.encode_request("call", "probe", "zqsync.stats"))
+            if not sock.poll(int(timeout * 1000)):
+                raise ProcessFailed(f"worker {self.endpoint} did not answer zqsync.stats within {timeout} s")
+            reply = protocol.decode_reply(sock.recv())
+        finally:
+            sock.close(linger=0)
+        return reply.result
+
+    def identities(self) -> set[str]:
+        """Distinct DEALER identities that called this worker, probes excluded: the
+        peer-side proof of client socket reuse (one identity) or discard (a new one)."""
+        return {identity for identity in self.stats()["identities"] if not identity.startswith("probe-")}
+
     def output(self) -> str:
         """Everything the worker printed so far."""
         return _output_tail(self.log_path, lines=10_000)

@@ -1,0 +1,149 @@
+"""pytest plugin (registered through ``pytest11``): real workers, identity-recording peers, and forks.
+
+Fixtures
+    ``zq_worker``: a factory; ``zq_worker("myapp.tasks:registry")`` starts a
+    real ``zqsync worker`` process on ephemeral 127.0.0.1 ports and returns a
+    :class:`~zqsync.processes.WorkerProcess` (``.endpoint``, ``.pid``,
+    ``.stats()``, ``.identities()``). Every worker is stopped by its pid at
+    teardown.
+
+    ``zq_peer``: a worker serving :data:`peer_registry`, whose tasks answer at
+    once (``echo``), late (``delay``) or never (``drop``), and which records the
+    ZMQ identity of every socket that calls it (``.identities()``).
+
+Helpers
+    :func:`run_in_fork` runs a function in a forked child and returns its
+    value or re-raises its exception.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from .errors import ZqsyncError
+from .processes import WorkerProcess
+from .worker.registry import Registry
+
+__all__ = ["ForkFailed", "peer_registry", "run_in_fork", "zq_peer", "zq_worker"]
+
+peer_registry = Registry()
+
+
+@peer_registry.task
+def echo(value: Any = None) -> Any:
+    """Answer at once with ``value``."""
+    return value
+
+
+@peer_registry.task
+def delay(seconds: float, value: Any = None) -> Any:
+    """Answer with ``value`` after ``seconds`` (cooperative sleep)."""
+    time.sleep(float(seconds))
+    return value
+
+
+@peer_registry.task
+def drop() -> None:
+    """Never answer (sleeps for an hour; the worker is stopped first)."""
+    time.sleep(3600)
+
+
+class ForkFailed(ZqsyncError, AssertionError):
+    """The forked child hung, crashed, or exited without a result."""
+
+
+def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwargs: Any) -> Any:
+    """Call ``fn(*args, **kwargs)`` in a forked child and return its result in the parent.
+
+    The child ends with ``os._exit``, so no ``atexit`` hook of the parent's
+    runs in it. Works plain and under gevent monkey-patching.
+
+    :param timeout: seconds the child may run before it is SIGKILLed.
+    :returns: the child's return value (it must be picklable).
+    :raises: the child's exception, re-raised, with the child's traceback as
+        its ``__notes__``; :class:`ForkFailed` if the child hung past
+        ``timeout``, exited non-zero, or died by a signal.
+    """
+    handle, path = tempfile.mkstemp(prefix="zqsync-fork-")
+    os.close(handle)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child
+            _child_main(path, fn, args, kwargs)
+        status = _wait_child(pid, timeout)
+        with open(path, "rb") as result_file:
+            data = result_file.read()
+    finally:
+        os.unlink(path)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0 or not data:
+        raise ForkFailed(f"forked child {pid} exited with status {code} without a result")
+    outcome = pickle.loads(data)
+    if outcome[0] == "ok":
+        return outcome[1]
+    exc = outcome[1]
+    if hasattr(exc, "add_note"):
+        exc.add_note("Traceback in the forked child:\n" + outcome[2])
+    raise exc
+
+
+def _child_main(path: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    try:
+        try:
+            outcome: tuple = ("ok", fn(*args, **kwargs))
+        except BaseException as exc:  # everything is reported to the parent, nothing escapes the child
+            outcome = ("error", exc, traceback.format_exc())
+        try:
+            data = pickle.dumps(outcome)
+        except Exception as exc:
+            data = pickle.dumps(("error", ForkFailed(f"child result not picklable: {exc!r}"), ""))
+        with open(path, "wb") as result_file:
+            result_file.write(data)
+    finally:
+        os._exit(0)
+
+
+def _wait_child(pid: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise ForkFailed(f"forked child {pid} hung for more than {timeout} s and was killed")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def zq_worker() -> Iterator[Callable[..., WorkerProcess]]:
+    """Factory fixture: ``zq_worker(app="workers.demo:registry", **WorkerProcess kwargs)``."""
+    started: list[WorkerProcess] = []
+
+    def start(app: str = "workers.demo:registry", **kwargs: Any) -> WorkerProcess:
+        worker = WorkerProcess(app, **kwargs)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop(timeout=10.0)
+
+
+@pytest.fixture
+def zq_peer(zq_worker: Callable[..., WorkerProcess]) -> Callable[..., WorkerProcess]:
+    """Factory fixture: ``zq_peer()`` starts a worker serving :data:`peer_registry`."""
+
+    def start(**kwargs: Any) -> WorkerProcess:
+        return zq_worker("zqsync.testing:peer_registry", **kwargs)
+
+    return start
