@@ -1,0 +1,125 @@
+"""The worker runtime against real worker processes: results, errors, limits, shutdown."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+import zmq
+
+import zqsync
+from zqsync import protocol
+from zqsync.client import split_endpoint
+from tests.helpers import wait_for
+
+
+def test_remote_error_carries_type_message_and_traceback(zq_worker):
+    worker = zq_worker()
+    with zqsync.Client(worker.endpoint) as client:
+        with pytest.raises(zqsync.RemoteError) as caught:
+            client.call("fail", "disk full")
+    assert caught.value.remote_type == "RuntimeError"
+    assert caught.value.remote_message == "disk full"
+    assert "raise RuntimeError(message)" in caught.value.remote_traceback
+    assert "Remote traceback" in str(caught.value)
+
+
+def test_failing_task_leaves_the_worker_serving(zq_worker):
+    worker = zq_worker()
+    with zqsync.Client(worker.endpoint) as client:
+        for _ in range(3):
+            with pytest.raises(zqsync.RemoteError):
+                client.call("fail", "again")
+        assert client.call("add", 1, 1) == 2
+
+
+def test_unknown_task_call_gets_a_clear_error_naming_the_known_tasks(zq_worker):
+    worker = zq_worker()
+    with zqsync.Client(worker.endpoint) as client:
+        with pytest.raises(zqsync.UnknownTask) as caught:
+            client.call("no_such_task")
+    assert "no_such_task" in caught.value.remote_message
+    assert "add" in caught.value.remote_message
+
+
+def test_unknown_task_job_is_counted_and_logged(zq_worker):
+    worker = zq_worker()
+    with zqsync.Client(worker.endpoint) as client:
+        client.enqueue("no_such_task", 1)
+    wait_for(lambda: worker.stats()["unknown_task"] == 1, what="the unknown job to be counted")
+    wait_for(lambda: "unknown task 'no_such_task'" in worker.output(), what="the log line")
+
+
+def test_time_limit_interrupts_a_long_task(zq_worker, tmp_path):
+    module = tmp_path / "limited_tasks.py"
+    module.write_text(
+        "import time\nfrom zqsync.worker import Registry\nregistry = Registry()\n"
+        "@registry.task(time_limit=0.2)\ndef slow():\n    time.sleep(30)\n"
+    )
+    worker = zq_worker("limited_tasks:registry", cwd=str(tmp_path))
+    with zqsync.Client(worker.endpoint, call_timeout=20.0) as client:
+        with pytest.raises(zqsync.RemoteError) as caught:
+            client.call("slow")
+    assert caught.value.remote_type == "TimeLimitExceeded"
+    assert "0.2" in caught.value.remote_message
+    assert worker.stats()["timed_out"] == 1
+
+
+def test_malformed_call_gets_an_error_reply_and_worker_keeps_serving(zq_worker):
+    worker = zq_worker()
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    try:
+        sock.connect(split_endpoint(worker.endpoint)[1])
+        sock.send(b"\xc1 definitely not msgpack")
+        assert sock.poll(20_000), "no reply to a malformed request"
+        reply = protocol.decode_reply(sock.recv())
+        assert not reply.ok and reply.error["type"] == "ProtocolError"
+    finally:
+        sock.close(linger=0)
+        context.term()
+    with zqsync.Client(worker.endpoint) as client:
+        assert client.call("add", 2, 2) == 4
+
+
+def test_sigterm_lets_an_in_flight_task_finish_then_exits_zero(zq_worker):
+    worker = zq_worker()
+    client = zqsync.Client(worker.endpoint, call_timeout=30.0)
+    outcome: dict = {}
+
+    def slow_call() -> None:
+        outcome["value"] = client.call("sleep", 1.0)
+
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    wait_for(lambda: worker.stats()["in_flight"] >= 2, what="the sleep task to be running")  # + the stats call
+    worker.proc.send_signal(signal.SIGTERM)
+    caller.join(30)
+    client.close()
+    assert outcome.get("value") == 1.0
+    assert worker.proc.wait(30) == 0
+    assert "warm shutdown" in worker.output()
+
+
+def test_second_sigterm_is_a_cold_shutdown_and_the_caller_is_told(zq_worker):
+    worker = zq_worker()
+    client = zqsync.Client(worker.endpoint, call_timeout=30.0)
+    outcome: dict = {}
+
+    def slow_call() -> None:
+        try:
+            client.call("sleep", 25.0)
+        except zqsync.RemoteError as exc:
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    wait_for(lambda: worker.stats()["in_flight"] >= 2, what="the sleep task to be running")
+    worker.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "warm shutdown" in worker.output(), what="the warm shutdown to begin")
+    worker.proc.send_signal(signal.SIGTERM)
+    caller.join(30)
+    client.close()
+    assert worker.proc.wait(30) == 0
+    assert outcome["error"].remote_type == "WorkerShutdown"
