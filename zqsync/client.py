@@ -8,10 +8,10 @@ through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
-import uuid
 import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
@@ -167,7 +167,7 @@ class Client:
         if confirm:
             raise ZqsyncError("confirm=True (journaled, at-least-once enqueue) is not available in this version")
         self._check_open()
-        job_id = job_id or uuid.uuid4().hex
+        job_id = job_id or os.urandom(16).hex()
         frame = protocol.encode_request("job", job_id, _task_name(task), tuple(args), dict(kwargs or {}))
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
         timeout = self.settings.send_timeout if send_timeout is None else send_timeout
@@ -212,7 +212,7 @@ class Client:
         self._check_open()
         timeout = self.settings.call_timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + timeout
-        request_id = uuid.uuid4().hex
+        request_id = os.urandom(16).hex()
         name = _task_name(task)
         frame = protocol.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
         self._counts["calls"] += 1

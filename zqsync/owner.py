@@ -63,13 +63,32 @@ def _alive_while(ref: "weakref.ReferenceType[Any]", *, hub: bool) -> Callable[[]
     return alive
 
 
+_get_hub_if_exists: Any = None
+
+
 def current_hub() -> Any:
-    """The gevent hub of the calling native thread, or ``None`` (never creates one)."""
+    """The gevent hub of the calling native thread, or ``None``.
+
+    Under monkey-patching every thread is a gevent thread, so the hub is
+    created if it does not exist yet: otherwise a call made before anything
+    else touched gevent would key by thread and get a plain, hub-blocking
+    socket. Without monkey-patching a hub is never created here.
+    """
+    global _get_hub_if_exists
     if "gevent" not in sys.modules:
         return None
-    from gevent._hub_local import get_hub_if_exists
+    if _get_hub_if_exists is None:
+        from gevent._hub_local import get_hub_if_exists
 
-    return get_hub_if_exists()
+        _get_hub_if_exists = get_hub_if_exists
+    hub = _get_hub_if_exists()
+    if hub is None:
+        monkey = sys.modules.get("gevent.monkey")
+        if monkey is not None and monkey.saved:
+            from gevent import get_hub
+
+            hub = get_hub()
+    return hub
 
 
 def current_owner() -> Owner:

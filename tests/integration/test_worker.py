@@ -9,9 +9,9 @@ import pytest
 import zmq
 
 import zqsync
+from tests.helpers import wait_for
 from zqsync import protocol
 from zqsync.client import split_endpoint
-from tests.helpers import wait_for
 
 
 def test_remote_error_carries_type_message_and_traceback(zq_worker):
@@ -123,3 +123,42 @@ def test_second_sigterm_is_a_cold_shutdown_and_the_caller_is_told(zq_worker):
     client.close()
     assert worker.proc.wait(30) == 0
     assert outcome["error"].remote_type == "WorkerShutdown"
+
+
+def test_worker_started_for_a_parent_exits_when_that_parent_dies(tmp_path):
+    """A harness killed mid-test (say by a CI timeout) must not leave workers behind."""
+    import os
+    import subprocess
+    import sys
+
+    ready = tmp_path / "ready"
+    pid_file = tmp_path / "pid"
+    launcher = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'zqsync', 'worker', 'workers.demo:registry', '--bind',"
+        f" 'tcp://127.0.0.1:0', '--ready-file', {str(ready)!r}, '--parent-pid', str(__import__('os').getpid())])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", launcher], cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    try:
+        wait_for(lambda: ready.exists(), what="the worker to listen")
+        worker_pid = int(pid_file.read_text())
+        parent.kill()
+        parent.wait(10)
+
+        def worker_gone() -> bool:
+            try:
+                os.kill(worker_pid, 0)
+                return False
+            except ProcessLookupError:
+                return True
+
+        wait_for(worker_gone, timeout=30, what="the orphaned worker to exit")
+    finally:
+        parent.kill()
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass

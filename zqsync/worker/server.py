@@ -53,6 +53,9 @@ class Worker:
     :param max_message_size: bytes; larger frames are refused by ZeroMQ
         (``ZMQ_MAXMSGSIZE``).
     :param hwm: receive high-water mark of both sockets, messages.
+    :param parent_pid: if given, shut down (warm) once this process is no
+        longer the worker's parent, i.e. when whoever started it died without
+        stopping it. Checked every second.
 
     Must run in a process with a gevent hub; ``zqsync worker`` monkey-patches
     first, as gunicorn's gevent worker does.
@@ -68,6 +71,7 @@ class Worker:
         ready_file: Optional[str] = None,
         max_message_size: int = MAX_MESSAGE_SIZE,
         hwm: int = settings.HWM,
+        parent_pid: Optional[int] = None,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", setting="concurrency")
@@ -78,6 +82,7 @@ class Worker:
         self.ready_file = ready_file
         self.max_message_size = max_message_size
         self.hwm = hwm
+        self.parent_pid = parent_pid
         self.endpoint: Optional[str] = None
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"})
         self.identities: collections.Counter[bytes] = collections.Counter()
@@ -154,6 +159,8 @@ class Worker:
         for signum in (signal.SIGTERM, signal.SIGINT):
             gevent.signal_handler(signum, self._on_signal, signum)
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
+        if self.parent_pid is not None:
+            self._receivers.append(gevent.spawn(self._watch_parent, self.parent_pid))
         log.info(
             "zqsync worker pid %d serving %d task(s) on %s (jobs) and rpc port +1, concurrency %d",
             os.getpid(), len(self.registry), self.endpoint, self.concurrency,
@@ -168,6 +175,12 @@ class Worker:
         # Only record it; the main greenlet decides what to do (gunicorn's arbiter).
         self._signals.append(signum)
         self._wakeup.set()
+
+    def _watch_parent(self, parent_pid: int) -> None:
+        while os.getppid() == parent_pid:
+            gevent.sleep(1.0)
+        log.warning("parent process %d is gone: shutting down", parent_pid)
+        self._on_signal(signal.SIGTERM)
 
     def _write_ready_file(self) -> None:
         if self.ready_file:
