@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a TERM/INT waits for in-flight tasks before killing them "
                         f"(default: {settings.GRACEFUL_TIMEOUT})")
     worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
+    worker.add_argument("--hwm", type=_positive_int, default=settings.HWM,
+                        help=f"receive high-water mark of the jobs and rpc sockets, messages (default: {settings.HWM})")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
     worker.set_defaults(handler=cmd_worker)
@@ -139,6 +141,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker = Worker(
         registry, bind=args.bind, concurrency=args.concurrency,
         graceful_timeout=args.graceful_timeout, ready_file=args.ready_file, parent_pid=args.parent_pid,
+        hwm=args.hwm,
     )
     return worker.serve()
 

@@ -1,0 +1,165 @@
+"""Congestion control against real workers stalled with SIGSTOP (issue 4, S14).
+
+A stopped worker stops draining its PULL socket; once the client's HWM and
+the kernel's socket buffers are full, a PUSH cannot send. Payloads are large
+so that happens after a few hundred jobs rather than a few hundred thousand.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import zqsync
+from tests.helpers import wait_for
+from zqsync import congestion, transport
+from zqsync.congestion import STATE, CongestionControl
+
+PAYLOAD = "x" * 65536
+SMALL_HWM = ["--hwm", "5"]
+
+
+@pytest.fixture
+def stopped(zq_worker):
+    """A worker with a small HWM and a client whose PUSH socket is connected, then the worker SIGSTOPped.
+
+    The connection must exist first: with ZMQ_IMMEDIATE a socket whose
+    handshake never completed queues nothing, so it would "fill" at once.
+    """
+    worker = zq_worker(extra_args=SMALL_HWM)
+    client = zqsync.Client(worker.endpoint, hwm=5)
+    client.enqueue("echo", "connect")
+    wait_for(lambda: worker.stats()["jobs_received"] == 1, what="the connecting job")
+    os.kill(worker.pid, signal.SIGSTOP)
+    yield worker, client
+    os.kill(worker.pid, signal.SIGCONT)
+    client.close()
+
+
+def fill_until_dropped(client: zqsync.Client, limit: int = 5000) -> int:
+    """Enqueue big jobs with DROP until one is dropped; returns how many were sent first."""
+    for sent in range(limit):
+        client.enqueue_with_options("echo", args=(PAYLOAD,), congestion=CongestionControl.DROP)
+        if client.stats()["dropped"]:
+            return sent
+    raise AssertionError(f"{limit} jobs never filled the stopped worker's buffers")
+
+
+def test_drop_returns_at_once_while_the_worker_is_stopped_and_counts_drops(stopped):
+    worker, client = stopped
+    sent = fill_until_dropped(client)
+    assert sent > 0, "the connected worker took jobs until its buffers filled"
+    assert STATE.is_marked(client.endpoints[0])
+    started = time.monotonic()
+    for _ in range(200):
+        client.enqueue_with_options("echo", args=(PAYLOAD,), congestion="drop")
+    per_job = (time.monotonic() - started) / 200
+    assert client.stats()["dropped"] >= 201
+    # Early drop never waits: far below wait_before_drop (1 ms) per job, with slack for a noisy machine.
+    assert per_job < client.settings.wait_before_drop * 20
+
+
+def test_block_raises_congested_within_its_deadline(stopped):
+    worker, client = stopped
+    for _ in range(5000):  # BLOCK sends while buffers have room, then must give up at its deadline
+        started = time.monotonic()
+        try:
+            client.enqueue_with_options("echo", args=(PAYLOAD,), congestion="block", send_timeout=0.3)
+        except zqsync.Congested as exc:
+            elapsed = time.monotonic() - started
+            assert exc.timeout == 0.3
+            break
+    else:
+        raise AssertionError("5000 jobs never filled the stopped worker's buffers")
+    assert 0.25 <= elapsed < 3.0
+
+
+def test_after_sigcont_jobs_flow_again_and_the_mark_clears(stopped, tmp_path):
+    worker, client = stopped
+    target = tmp_path / "after.txt"
+    fill_until_dropped(client)
+    os.kill(worker.pid, signal.SIGCONT)
+
+    def sent_one() -> bool:
+        before = client.stats()["enqueued"]
+        client.enqueue_with_options("record", args=(str(target), "flowing"), congestion="drop")
+        return client.stats()["enqueued"] > before
+
+    wait_for(sent_one, interval=0.05, what="a DROP enqueue to be sent after SIGCONT")
+    assert not STATE.is_marked(client.endpoints[0])
+    wait_for(lambda: target.exists() and "flowing" in target.read_text(), what="the job to run")
+
+
+def test_mark_cannot_stick_when_the_worker_drains_between_deadline_and_mark(stopped, monkeypatch, tmp_path):
+    """zenoh's race: the consumer drains after the deadline expired but before the mark is set.
+
+    The window is made reproducible: inside the failed send, after its
+    deadline and before congestion.py sets the mark, the worker is resumed
+    and the test waits until it has drained.
+    """
+    worker, client = stopped
+    target = tmp_path / "race.txt"
+    fill_until_dropped(client)
+    STATE._marked.discard(client.endpoints[0])  # the next job takes the waiting (unmarked) path
+    real_send = transport.send
+
+    def send_then_drain(sock, frame, timeout):
+        sent = real_send(sock, frame, timeout)
+        if not sent and timeout:
+            os.kill(worker.pid, signal.SIGCONT)
+            wait_for(lambda: worker.stats()["jobs_received"] > 1, what="the worker to drain")
+        return sent
+
+    monkeypatch.setattr(congestion.transport, "send", send_then_drain)
+    client.enqueue_with_options("echo", args=(PAYLOAD,), congestion="drop")
+    monkeypatch.setattr(congestion.transport, "send", real_send)
+    assert STATE.is_marked(client.endpoints[0]), "the window was hit: dropped and marked after the drain"
+
+    # The very next job probes, succeeds against the drained worker, and clears the mark.
+    wait_for(lambda: worker.stats()["in_flight"] <= 1, what="the backlog to finish")
+    client.enqueue_with_options("record", args=(str(target), "after-race"), congestion="drop")
+    assert not STATE.is_marked(client.endpoints[0])
+    assert client.stats()["enqueued"] >= 2
+    wait_for(lambda: target.exists() and "after-race" in target.read_text(), what="the job after the race to run")
+
+
+def test_two_workers_one_stopped_enqueues_keep_reaching_the_healthy_one(zq_worker, tmp_path):
+    stopped = zq_worker(extra_args=SMALL_HWM)
+    healthy = zq_worker(extra_args=SMALL_HWM)
+    total = 600
+    try:
+        with zqsync.Client([stopped.endpoint, healthy.endpoint], hwm=5, send_timeout=10.0) as client:
+            def both_connected() -> bool:
+                client.enqueue("echo", "connect")
+                return bool(stopped.stats()["jobs_received"] and healthy.stats()["jobs_received"])
+
+            wait_for(both_connected, what="jobs to reach both workers")  # connected to both before one stops
+            connecting_jobs = client.stats()["enqueued"]
+            before = healthy.stats()["jobs_received"]
+            os.kill(stopped.pid, signal.SIGSTOP)
+            for _ in range(total):
+                client.enqueue_with_options("echo", args=(PAYLOAD,), congestion="block")
+            assert client.stats()["enqueued"] == total + connecting_jobs and client.stats()["dropped"] == 0
+        wait_for(lambda: healthy.stats()["in_flight"] <= 1, what="the healthy worker to finish")
+        share = (healthy.stats()["jobs_received"] - before) / total
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    print(f"healthy worker's share with its peer stopped: {share:.1%} of {total} jobs")
+    assert share > 0.5
+
+
+def test_every_worker_down_block_raises_within_deadline_and_drop_returns_at_once(tmp_path):
+    """S14: nothing listens; BLOCK with a 0.5 s deadline, then DROP."""
+    with zqsync.Client("tcp://127.0.0.1:9", send_timeout=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(zqsync.Congested):
+            client.enqueue("add", 1, 2)
+        assert 0.45 <= time.monotonic() - started < 2.5
+        started = time.monotonic()
+        for _ in range(100):
+            client.enqueue_with_options("add", args=(1, 2), congestion="drop")
+        assert time.monotonic() - started < 2.0  # 100 jobs: one 1 ms wait, then early drops
+        assert client.stats()["dropped"] == 100
