@@ -21,3 +21,30 @@ def wait_for(probe: Callable[[], T], *, timeout: float = 20.0, interval: float =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}; last value {value!r}")
         time.sleep(interval)
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (zombies count as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

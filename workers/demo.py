@@ -59,12 +59,14 @@ def fail(message):
 
 
 @registry.task
-def record(path, line):
-    """Append ``line`` and a newline to the file at ``path``; return the line.
+def record(path, line, delay=0.0):
+    """Append ``line`` and a newline to the file at ``path`` after ``delay`` seconds; return the line.
 
     Lets tests observe fire-and-forget jobs. One ``write`` on an ``O_APPEND``
     descriptor, so concurrent jobs never interleave within a line.
     """
+    if delay:
+        time.sleep(float(delay))
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, f"{line}\n".encode())

@@ -12,6 +12,7 @@ from .errors import (
     PoolError,
     ProtocolError,
     RemoteError,
+    Unconfirmed,
     UnknownTask,
     ZqsyncError,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "SocketPool",
+    "Unconfirmed",
     "UnknownTask",
     "ZqsyncError",
     "ZqsyncWarning",

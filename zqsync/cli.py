@@ -76,11 +76,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a TERM/INT waits for in-flight tasks before killing them "
                         f"(default: {settings.GRACEFUL_TIMEOUT})")
     worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
+    worker.add_argument("--processes", type=_positive_int, default=None, metavar="N",
+                        help="run N worker processes behind --bind under a prefork supervisor that restarts "
+                        "crashed ones (default: a single process, no supervisor)")
+    worker.add_argument("--state-dir", metavar="DIR",
+                        help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
+                        "refuses enqueue(confirm=True)")
+    worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
+                        help="SQLite synchronous level: 'normal' survives any process kill, 'full' also power "
+                        "loss at an fsync per commit (default: normal)")
     worker.add_argument("--hwm", type=_positive_int, default=settings.HWM,
                         help=f"receive high-water mark of the jobs and rpc sockets, messages (default: {settings.HWM})")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
     worker.set_defaults(handler=cmd_worker)
+
+    jobs = commands.add_parser(
+        "jobs", parents=[common], help="list pending and dead confirmed jobs in a worker's journal",
+        description="List the confirmed jobs a worker's journal holds: pending (to run) and dead (retries "
+        "exhausted: the dead-letter table).",
+    )
+    jobs.add_argument("--state-dir", required=True, metavar="DIR", help="the worker's --state-dir")
+    jobs.add_argument("--state", action="append", choices=["pending", "dead", "done"],
+                      help="states to list; repeat for several (default: pending and dead)")
+    jobs.add_argument("--limit", type=_positive_int, default=100, help="most jobs to list (default: 100)")
+    jobs.add_argument("--json", action="store_true", help="print one JSON object per job instead of a table")
+    jobs.set_defaults(handler=cmd_jobs)
 
     for name, verb in (("call", "call a task and print its result as JSON"),
                        ("enqueue", "enqueue a job (at most once) and print its job id")):
@@ -131,19 +152,66 @@ def load_registry(app: str) -> Any:
     return registry
 
 
+def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "concurrency": args.concurrency, "graceful_timeout": args.graceful_timeout, "hwm": args.hwm,
+        "state_dir": args.state_dir, "journal_sync": args.journal_sync.upper(),
+    }
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    if args.processes:
+        return _run_supervisor(args)
     from gevent import monkey
 
     monkey.patch_all()
     from .worker.server import Worker
 
     registry = load_registry(args.app)
-    worker = Worker(
-        registry, bind=args.bind, concurrency=args.concurrency,
-        graceful_timeout=args.graceful_timeout, ready_file=args.ready_file, parent_pid=args.parent_pid,
-        hwm=args.hwm,
-    )
+    worker = Worker(registry, bind=args.bind, ready_file=args.ready_file, parent_pid=args.parent_pid,
+                    **_worker_options(args))
     return worker.serve()
+
+
+def _run_supervisor(args: argparse.Namespace) -> int:
+    from .worker.supervisor import Supervisor
+
+    def serve_child(slot: int, backend: tuple[str, str], ready_file: str, parent_pid: int) -> int:
+        from gevent import monkey
+
+        monkey.patch_all()
+        from .worker.server import Worker
+
+        registry = load_registry(args.app)
+        worker = Worker(registry, bind=args.bind, backend=backend, ready_file=ready_file, parent_pid=parent_pid,
+                        **_worker_options(args))
+        return worker.serve()
+
+    supervisor = Supervisor(serve_child, bind=args.bind, processes=args.processes, parent_pid=args.parent_pid,
+                            graceful_timeout=args.graceful_timeout, ready_file=args.ready_file)
+    return supervisor.run()
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from .worker.journal import Journal, journal_path
+
+    if not os.path.exists(journal_path(args.state_dir)):
+        raise SystemExit(f"zqsync jobs: no journal in {args.state_dir!r} (is it the worker's --state-dir?)")
+    journal = Journal(args.state_dir)
+    try:
+        rows = journal.rows(args.state or ("pending", "dead"), limit=args.limit)
+        counts = journal.counts()
+    finally:
+        journal.close()
+    if args.json:
+        for row in rows:
+            print(json.dumps({**row._asdict(), "body": None}))
+        return 0
+    print(f"{'id':32}  {'task':20}  {'state':7}  {'tries':>5}  error")
+    for row in rows:
+        print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {row.error or ''}")
+    print("totals: " + ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) if counts else "totals: none")
+    return 0
 
 
 def _client(endpoint: str) -> Any:

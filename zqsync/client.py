@@ -20,7 +20,7 @@ import zmq
 from . import protocol, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
-from .errors import CallTimeout, ConfigurationError, RemoteError, UnknownTask, ZqsyncError
+from .errors import CallTimeout, ConfigurationError, PoolError, RemoteError, Unconfirmed, UnknownTask, ZqsyncError
 from .pool import SocketPool
 from .settings import ClientSettings, default_endpoint
 
@@ -75,6 +75,10 @@ class Client:
     :param max_sockets: the pools' context ``MAX_SOCKETS``; default ``ZQSYNC_MAX_SOCKETS``.
     :param lease_timeout: bound on waiting for a pooled socket, seconds;
         default ``ZQSYNC_LEASE_TIMEOUT`` (5.0).
+    :param confirm_timeout: deadline of ``confirm=True`` enqueues, seconds;
+        default ``ZQSYNC_CONFIRM_TIMEOUT`` (10.0).
+    :param confirm_retry: seconds one confirm attempt waits for its
+        acknowledgement before retrying; default ``ZQSYNC_CONFIRM_RETRY`` (1.0).
     :raises ConfigurationError: a malformed endpoint or setting.
 
     Building a client opens nothing: sockets are opened on first use, per
@@ -97,6 +101,8 @@ class Client:
         hwm: Optional[int] = None,
         max_sockets: Optional[int] = None,
         lease_timeout: Optional[float] = None,
+        confirm_timeout: Optional[float] = None,
+        confirm_retry: Optional[float] = None,
     ) -> None:
         names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not names:
@@ -116,11 +122,15 @@ class Client:
             hwm=hwm,
             max_sockets=max_sockets,
             lease_timeout=lease_timeout,
+            confirm_timeout=confirm_timeout,
+            confirm_retry=confirm_retry,
         )
         self.congestion = CongestionControl.parse(self.settings.congestion)
         self._push = SocketPool(zmq.PUSH, settings=self.settings, peers=len(pairs))
         self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs))
-        self._counts = {"enqueued": 0, "dropped": 0, "calls": 0, "call_errors": 0, "call_timeouts": 0}
+        self._counts = dict.fromkeys(
+            ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
+        )
         self._closed = False
         _clients.add(self)
 
@@ -156,19 +166,31 @@ class Client:
 
         :param args: positional task arguments (sequence).
         :param kwargs: keyword task arguments (mapping with str keys).
-        :param confirm: wait for the worker's durable acknowledgement
-            (at-least-once). Not available in this version: raises.
+        :param confirm: send over DEALER and wait until a worker acknowledges
+            that the job is durable in its journal: the job then runs at least
+            once, even if worker processes are killed. An attempt that gets
+            no acknowledgement within ``confirm_retry`` seconds is retried
+            with the same job id (workers drop duplicates) until
+            ``confirm_timeout``. Congestion control does not apply.
         :param congestion: overrides the client's congestion control for this job.
-        :param send_timeout: overrides BLOCK's deadline for this job, seconds.
+        :param send_timeout: overrides this job's deadline, seconds: BLOCK's
+            send deadline, or with ``confirm=True`` the confirm deadline.
         :param job_id: an id of your own (at most 64 characters) instead of a new one.
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
+        :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
+        :raises RemoteError: ``confirm=True`` and the worker refused the job
+            (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``).
         """
-        if confirm:
-            raise ZqsyncError("confirm=True (journaled, at-least-once enqueue) is not available in this version")
         self._check_open()
         job_id = job_id or os.urandom(16).hex()
-        frame = protocol.encode_request("job", job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        kind = "confirm" if confirm else "job"
+        frame = protocol.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        if confirm:
+            total = self.settings.confirm_timeout if send_timeout is None else send_timeout
+            self._confirm(frame, job_id, task, total)
+            self._counts["confirmed"] += 1
+            return job_id
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
         timeout = self.settings.send_timeout if send_timeout is None else send_timeout
         with self._push.lease(self._jobs_address) as sock:
@@ -178,6 +200,23 @@ class Client:
             )
         self._counts["enqueued" if sent else "dropped"] += 1
         return job_id
+
+    def _confirm(self, frame: bytes, job_id: str, task: str, total: float) -> None:
+        deadline = time.monotonic() + total
+        reason = ""
+        while True:
+            attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
+            if attempt <= 0:
+                raise Unconfirmed(job_id, total, reason)
+            try:
+                reply = self._request(frame, job_id, task, attempt)
+            except (CallTimeout, PoolError) as exc:
+                reason = str(exc)
+                self._counts["confirm_retries"] += 1
+                continue
+            if not reply.ok:
+                raise _remote_error(reply)
+            return
 
     # -- call --------------------------------------------------------------
 
@@ -211,23 +250,25 @@ class Client:
         """
         self._check_open()
         timeout = self.settings.call_timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + timeout
         request_id = os.urandom(16).hex()
         name = _task_name(task)
         frame = protocol.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
         self._counts["calls"] += 1
         try:
-            with self._dealer.lease(self._rpc_address, timeout=min(timeout, self.settings.lease_timeout)) as sock:
-                reply = self._round_trip(sock, frame, request_id, name, timeout, deadline)
+            reply = self._request(frame, request_id, name, timeout)
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
         if reply.ok:
             return reply.result
         self._counts["call_errors"] += 1
-        error = reply.error or {}
-        error_class = UnknownTask if error.get("type") == "UnknownTask" else RemoteError
-        raise error_class(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""))
+        raise _remote_error(reply)
+
+    def _request(self, frame: bytes, request_id: str, task: str, timeout: float) -> protocol.Reply:
+        """One request/reply on a pooled DEALER socket, within ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        with self._dealer.lease(self._rpc_address, timeout=min(timeout, self.settings.lease_timeout)) as sock:
+            return self._round_trip(sock, frame, request_id, task, timeout, deadline)
 
     def _round_trip(
         self, sock: zmq.Socket, frame: bytes, request_id: str, task: str, timeout: float, deadline: float
@@ -248,7 +289,8 @@ class Client:
     def stats(self) -> dict[str, Any]:
         """Counters of this client in this process.
 
-        :returns: ``{"enqueued", "dropped", "calls", "call_errors", "call_timeouts"}``
+        :returns: ``{"enqueued", "dropped", "confirmed", "confirm_retries", "calls",
+            "call_errors", "call_timeouts"}``
             as ints, plus ``"push"`` and ``"dealer"``: each pool's
             :meth:`SocketPool.stats`.
         """
@@ -280,6 +322,12 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<zqsync.Client {list(self.endpoints)}>"
+
+
+def _remote_error(reply: protocol.Reply) -> RemoteError:
+    error = reply.error or {}
+    error_class = UnknownTask if error.get("type") == "UnknownTask" else RemoteError
+    return error_class(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""))
 
 
 def _task_name(task: str) -> str:

@@ -17,6 +17,12 @@ message whatever the interleaving: the mark cannot stick.
 
 The mark is per peer address and per process, shared by every hub and thread
 (set operations are atomic under the GIL); a forked child starts unmarked.
+
+A socket's first send under DROP may wait up to :data:`CONNECT_GRACE`
+instead of ``wait_before_drop``: with ``ZMQ_IMMEDIATE`` nothing can be sent
+before the TCP and ZMTP handshakes complete, which takes more than a
+millisecond on a busy machine, and a healthy worker must not lose the first
+job of every new socket.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import enum
 import logging
 import os
 import time
+import weakref
 from typing import Any, Optional
 
 import zmq
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two log lines about drops to one address.
 DROP_LOG_INTERVAL = 10.0
+#: Seconds a socket's first DROP send may wait for its connection to complete.
+CONNECT_GRACE = 0.1
 
 
 class CongestionControl(enum.Enum):
@@ -56,19 +65,18 @@ class CongestionState:
     """Per-process congestion marks and drop counters, keyed by peer address."""
 
     def __init__(self) -> None:
-        self._pid = os.getpid()
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._marked: set[Any] = set()
+        self._tried: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
         self.drops = 0
         self._unlogged: dict[Any, int] = {}
         self._logged_at: dict[Any, float] = {}
 
-    def _check_fork(self) -> None:
-        if self._pid != os.getpid():
-            self.__init__()  # type: ignore[misc]
-
     def is_marked(self, address: Any) -> bool:
         """Whether ``address`` is currently marked congested in this process."""
-        self._check_fork()
         return address in self._marked
 
     def send(
@@ -88,7 +96,6 @@ class CongestionState:
         :returns: ``True`` if sent, ``False`` if dropped (DROP only).
         :raises Congested: BLOCK and the deadline ran out.
         """
-        self._check_fork()
         if mode is CongestionControl.BLOCK:
             if transport.send(sock, frame, send_timeout):
                 self._marked.discard(address)
@@ -98,12 +105,18 @@ class CongestionState:
             if transport.send(sock, frame, 0):
                 self._marked.discard(address)
                 return True
-        elif transport.send(sock, frame, wait_before_drop):
+        elif transport.send(sock, frame, self._wait_for(sock, wait_before_drop)):
             return True
         else:
             self._marked.add(address)
         self._dropped(address)
         return False
+
+    def _wait_for(self, sock: zmq.Socket, wait_before_drop: float) -> float:
+        if sock in self._tried:
+            return wait_before_drop
+        self._tried.add(sock)
+        return max(wait_before_drop, CONNECT_GRACE)
 
     def _dropped(self, address: Any) -> None:
         self.drops += 1

@@ -65,6 +65,23 @@ class Congested(ZqsyncError):
         self.timeout = timeout
 
 
+class Unconfirmed(ZqsyncError):
+    """No worker acknowledged a confirmed job before the confirm deadline.
+
+    The job may or may not have been journaled: retrying with the same
+    ``job_id`` is safe, since workers recognise duplicates by id.
+
+    :ivar job_id: the job's id.
+    :ivar timeout: the deadline that ran out, in seconds.
+    """
+
+    def __init__(self, job_id: str, timeout: float, reason: str = "") -> None:
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"job {job_id} was not confirmed by any worker within {timeout:.3f} s{detail}")
+        self.job_id = job_id
+        self.timeout = timeout
+
+
 class RemoteError(ZqsyncError):
     """A task raised inside the worker, or the worker refused the request.
 

@@ -15,7 +15,7 @@ import _thread
 import os
 import sys
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 
 class Owner(NamedTuple):
@@ -91,9 +91,12 @@ def current_hub() -> Any:
     return hub
 
 
-def current_owner() -> Owner:
-    """The owner for the calling code. Cheap (cached); called on every lease."""
-    pid = os.getpid()
+def current_owner(pid: Optional[int] = None) -> Owner:
+    """The owner for the calling code. Cheap (cached); called on every lease.
+
+    :param pid: ``os.getpid()`` if the caller has it already.
+    """
+    pid = os.getpid() if pid is None else pid
     hub = current_hub()
     if hub is not None:
         owner = _hub_owners.get(hub)

@@ -29,23 +29,21 @@ rule numbers below refer to it.
 
 from __future__ import annotations
 
-import _thread
 import atexit
-import contextlib
 import errno
 import os
 import secrets
-import sys
 import time
 import warnings
 import weakref
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Optional, Union
 
 import greenlet
 import zmq
 
 from .errors import PoolError
 from .owner import Owner, current_owner
+from .permits import native_lock, new_permits
 from .settings import ClientSettings
 
 Address = Union[str, tuple]
@@ -61,49 +59,6 @@ _hook_installed = False
 
 class ZqsyncWarning(RuntimeWarning):
     """A configuration that will fail under load (for example the socket budget)."""
-
-
-def _native_lock() -> Any:
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original("_thread", "allocate_lock")()
-    return _thread.allocate_lock()
-
-
-class _ThreadPermits:
-    """Counting semaphore for a native-thread owner.
-
-    A thread owner has a single flow of control and nested leases raise, so
-    this is never contended in practice; it still honours the cap and a
-    timeout without using (possibly monkey-patched) ``threading`` primitives.
-    """
-
-    def __init__(self, value: int) -> None:
-        self._value = value
-        self._lock = _native_lock()
-
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                if self._value > 0:
-                    self._value -= 1
-                    return True
-            if not blocking or (deadline is not None and time.monotonic() >= deadline):
-                return False
-            time.sleep(0.001)
-
-    def release(self) -> None:
-        with self._lock:
-            self._value += 1
-
-
-def _new_permits(owner: Owner, value: int) -> Any:
-    if owner.green:
-        from gevent.lock import BoundedSemaphore
-
-        return BoundedSemaphore(value)
-    return _ThreadPermits(value)
 
 
 class SocketPool:
@@ -156,7 +111,7 @@ class SocketPool:
         self._linger_ms = int(resolved.linger * 1000)
         self._hwm = resolved.hwm
         self._options = dict(options or {})
-        self._lock = _native_lock()
+        self._lock = native_lock()
         self._closed = False
         self._addresses: set[Any] = set()
         self._warned_budget = False
@@ -197,7 +152,7 @@ class SocketPool:
         _orphans.extend(self._leased)
         if self._context is not None:
             _orphans.append(self._context)
-        self._lock = _native_lock()
+        self._lock = native_lock()
         self._doomed = doomed
         self._reset_state(os.getpid())
 
@@ -246,8 +201,7 @@ class SocketPool:
 
     # -- leasing -----------------------------------------------------------
 
-    @contextlib.contextmanager
-    def lease(self, address: Address, *, timeout: Optional[float] = None) -> Iterator[zmq.Socket]:
+    def lease(self, address: Address, *, timeout: Optional[float] = None) -> "Lease":
         """Lease a connected socket for exclusive use in a ``with`` block.
 
         :param address: an endpoint such as ``"tcp://127.0.0.1:5556"``, or a
@@ -263,8 +217,11 @@ class SocketPool:
             another lease, the pool is closed, or the socket budget is spent.
 
         Blocks (cooperatively under gevent) only while waiting for a slot.
+        Use the result in a ``with`` statement at once: the slot is taken
+        when ``lease`` returns and given back when the block ends.
         """
-        if self._pid != os.getpid():
+        pid = os.getpid()
+        if self._pid != pid:
             self._check_fork()
         if self._closed:
             raise PoolError("this SocketPool is closed")
@@ -276,23 +233,18 @@ class SocketPool:
             )
         if self._doomed:
             self._kill_copied_greenlets()
-        owner = current_owner()
+        owner = current_owner(pid)
         key = (owner.key, address)
         permits = self._permits.get(key) or self._register(key, owner, address)
         self._acquire(permits, address, self.lease_timeout if timeout is None else timeout)
-        pid = self._pid
         _holders[holder] = self
         try:
             sock = self._checkout(key, holder) or self._open(address, owner, holder)
-            try:
-                yield sock
-            except BaseException:
-                self._discard(sock, pid)
-                raise
-            self._park(key, sock, pid)
-        finally:
+        except BaseException:
             _holders.pop(holder, None)
             permits.release()
+            raise
+        return Lease(self, key, permits, holder, sock, self._pid)
 
     def _acquire(self, permits: Any, address: Address, timeout: float) -> None:
         if permits.acquire(blocking=False):
@@ -315,7 +267,7 @@ class SocketPool:
                 if owner.key not in self._owners:
                     self._sweep_dead_owners()
                     self._owners[owner.key] = owner
-                permits = self._permits[key] = _new_permits(owner, self.maxsize)
+                permits = self._permits[key] = new_permits(owner, self.maxsize)
                 if address not in self._addresses:
                     self._addresses.add(address)
                     self._check_budget(len(self._addresses))
@@ -480,6 +432,33 @@ class SocketPool:
 
     def __repr__(self) -> str:
         return f"<SocketPool type={self.socket_type} maxsize={self.maxsize} pid={self._pid}>"
+
+
+class Lease:
+    """One socket leased from a :class:`SocketPool`; a context manager yielding the socket.
+
+    Leaving the ``with`` block cleanly parks the socket; leaving it by any
+    exception, ``BaseException`` included, discards it (pool rule 3).
+    """
+
+    __slots__ = ("_pool", "_key", "_permits", "_holder", "socket", "_pid")
+
+    def __init__(self, pool: SocketPool, key: tuple, permits: Any, holder: Any, sock: zmq.Socket, pid: int) -> None:
+        self._pool, self._key, self._permits, self._holder = pool, key, permits, holder
+        self.socket, self._pid = sock, pid
+
+    def __enter__(self) -> zmq.Socket:
+        return self.socket
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        _holders.pop(self._holder, None)
+        try:
+            if exc_type is None:
+                self._pool._park(self._key, self.socket, self._pid)
+            else:
+                self._pool._discard(self.socket, self._pid)
+        finally:
+            self._permits.release()
 
 
 def _silence(sock: zmq.Socket) -> None:

@@ -54,6 +54,7 @@ class WorkerProcess:
     """A ``zqsync worker`` subprocess on an ephemeral port pair of 127.0.0.1.
 
     :param app: ``MODULE[:ATTR]`` of the registry to serve.
+    :param bind: base endpoint; the default picks a free port pair on 127.0.0.1.
     :param cwd: directory the worker runs in (and imports ``app`` from).
     :param concurrency: task slots.
     :param extra_args: more ``zqsync worker`` arguments.
@@ -68,6 +69,7 @@ class WorkerProcess:
         self,
         app: str = "workers.demo:registry",
         *,
+        bind: str = "tcp://127.0.0.1:0",
         cwd: Optional[str] = None,
         concurrency: int = 100,
         extra_args: Sequence[str] = (),
@@ -75,6 +77,7 @@ class WorkerProcess:
         ready_timeout: float = 30.0,
     ) -> None:
         self.app = app
+        self.bind = bind
         self.cwd = cwd or os.getcwd()
         self.concurrency = concurrency
         self.extra_args = list(extra_args)
@@ -99,8 +102,10 @@ class WorkerProcess:
             seconds; the message carries the end of its output.
         """
         ready = os.path.join(self._dir, "ready")
+        if os.path.exists(ready):
+            os.unlink(ready)
         command = [
-            sys.executable, "-m", "zqsync", "worker", self.app, "--bind", "tcp://127.0.0.1:0",
+            sys.executable, "-m", "zqsync", "worker", self.app, "--bind", self.bind,
             "--concurrency", str(self.concurrency), "--ready-file", ready, "--parent-pid", str(os.getpid()),
             *self.extra_args,
         ]

@@ -3,7 +3,10 @@
 Request (client to worker; PUSH frame, or DEALER frame that a ROUTER
 receives as ``[identity, body]``)::
 
-    {"v": 1, "id": str, "kind": "job" | "call", "task": str, "args": list, "kwargs": map}
+    {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map}
+
+``confirm`` is a job sent over the rpc socket: the reply acknowledges that it
+is durable in the worker's journal.
 
 Reply (worker to client, on the rpc socket only; an error reply has an empty
 ``id`` when the worker could not decode the request's own id)::
@@ -27,7 +30,7 @@ import msgpack
 from .errors import ProtocolError
 
 VERSION = 1
-KINDS = ("job", "call")
+KINDS = ("job", "call", "confirm")
 #: Upper bound of one frame, bytes (the worker also sets ZMQ_MAXMSGSIZE to this).
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 MAX_TASK_NAME = 200
@@ -86,7 +89,8 @@ def _check_str(message: dict[str, Any], field: str, limit: int) -> str:
 def encode_request(kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None) -> bytes:
     """Encode a request frame.
 
-    :param kind: ``"job"`` (fire and forget) or ``"call"`` (a reply is expected).
+    :param kind: ``"job"`` (fire and forget), ``"call"`` (a reply is expected)
+        or ``"confirm"`` (a job acknowledged once journaled).
     :param request_id: job id or request id, at most 64 characters.
     :param task: registered task name.
     :param args: positional arguments (tuple or list).

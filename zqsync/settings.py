@@ -12,6 +12,8 @@ environment variable       field                    unit         default
 ``ZQSYNC_LEASE_TIMEOUT``   lease_timeout            seconds      5.0
 ``ZQSYNC_CALL_TIMEOUT``    call_timeout             seconds      10.0
 ``ZQSYNC_SEND_TIMEOUT``    send_timeout             seconds      1.0
+``ZQSYNC_CONFIRM_TIMEOUT`` confirm_timeout          seconds      10.0
+``ZQSYNC_CONFIRM_RETRY``   confirm_retry            seconds      1.0
 ``ZQSYNC_CONGESTION``      congestion               block|drop   block
 ``ZQSYNC_WAIT_BEFORE_DROP`` wait_before_drop        seconds      0.001
 ``ZQSYNC_LINGER``          linger                   seconds      1.0
@@ -32,6 +34,8 @@ POOL_SIZE = 4
 LEASE_TIMEOUT = 5.0
 CALL_TIMEOUT = 10.0
 SEND_TIMEOUT = 1.0
+CONFIRM_TIMEOUT = 10.0
+CONFIRM_RETRY = 1.0
 CONGESTION = "block"
 WAIT_BEFORE_DROP = 0.001
 LINGER = 1.0
@@ -79,6 +83,8 @@ class ClientSettings:
     lease_timeout: float = LEASE_TIMEOUT
     call_timeout: float = CALL_TIMEOUT
     send_timeout: float = SEND_TIMEOUT
+    confirm_timeout: float = CONFIRM_TIMEOUT
+    confirm_retry: float = CONFIRM_RETRY
     congestion: str = CONGESTION
     wait_before_drop: float = WAIT_BEFORE_DROP
     linger: float = LINGER
@@ -90,6 +96,8 @@ class ClientSettings:
         "lease_timeout": ("ZQSYNC_LEASE_TIMEOUT", _seconds),
         "call_timeout": ("ZQSYNC_CALL_TIMEOUT", _seconds),
         "send_timeout": ("ZQSYNC_SEND_TIMEOUT", _seconds),
+        "confirm_timeout": ("ZQSYNC_CONFIRM_TIMEOUT", _seconds),
+        "confirm_retry": ("ZQSYNC_CONFIRM_RETRY", _seconds),
         "congestion": ("ZQSYNC_CONGESTION", _congestion),
         "wait_before_drop": ("ZQSYNC_WAIT_BEFORE_DROP", _seconds),
         "linger": ("ZQSYNC_LINGER", _seconds),

@@ -51,13 +51,16 @@ def send(sock: zmq.Socket, frame: bytes, timeout: Optional[float]) -> bool:
     :raises zmq.ZMQError: any error other than "would block".
     """
     try:
+        sock.send(frame, zmq.NOBLOCK)  # the common case: room in the pipe, no wait, no option to set
+        return True
+    except zmq.Again:
         if timeout == 0:
-            sock.send(frame, zmq.NOBLOCK)
-        elif _is_green(sock):
+            return False
+    try:
+        if _is_green(sock):
             return _green_wait(lambda: sock.send(frame) or True, timeout) is True
-        else:
-            sock.setsockopt(zmq.SNDTIMEO, _ms(timeout))
-            sock.send(frame)
+        sock.setsockopt(zmq.SNDTIMEO, _ms(timeout))
+        sock.send(frame)
         return True
     except zmq.Again:
         return False

@@ -163,3 +163,19 @@ def test_every_worker_down_block_raises_within_deadline_and_drop_returns_at_once
             client.enqueue_with_options("add", args=(1, 2), congestion="drop")
         assert time.monotonic() - started < 2.0  # 100 jobs: one 1 ms wait, then early drops
         assert client.stats()["dropped"] == 100
+
+
+def test_first_drop_job_of_a_new_socket_waits_for_the_connection_not_just_wait_before_drop(zq_worker):
+    """Under DROP, a new socket's handshake (often > 1 ms on a loaded machine) must not cost its first job.
+
+    ``wait_before_drop=0`` makes the handshake always longer than the wait, so
+    the test does not depend on the machine's load.
+    """
+    worker = zq_worker()
+    dropped = 0
+    for _ in range(20):
+        with zqsync.Client(worker.endpoint, congestion="drop", wait_before_drop=0.0) as client:
+            client.enqueue("echo", "first")
+            dropped += client.stats()["dropped"]
+    assert dropped == 0
+    wait_for(lambda: worker.stats()["jobs_succeeded"] == 20, what="every first job to run")

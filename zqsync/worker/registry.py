@@ -19,11 +19,24 @@ class Task(NamedTuple):
     :ivar fn: the function; called with the request's ``*args, **kwargs``.
     :ivar time_limit: seconds the task may run before it is interrupted
         (``gevent.Timeout``), or ``None`` for no limit.
+    :ivar retries: further attempts after a failure (0: none).
+    :ivar backoff: seconds before the first retry; doubled for each later one.
     """
 
     name: str
     fn: Callable[..., Any]
-    time_limit: Optional[float]
+    time_limit: Optional[float] = None
+    retries: int = 0
+    backoff: float = 1.0
+
+    def retry_delay(self, attempts: int) -> Optional[float]:
+        """Seconds to wait before attempt ``attempts + 1``, or ``None`` when retries are exhausted.
+
+        Exponential backoff: ``backoff * 2 ** (attempts - 1)``.
+        """
+        if attempts > self.retries:
+            return None
+        return self.backoff * 2 ** (attempts - 1)
 
 
 class Registry:
@@ -50,40 +63,68 @@ class Registry:
     def task(self, fn: F) -> F: ...
 
     @overload
-    def task(self, *, name: Optional[str] = None, time_limit: Optional[float] = None) -> Callable[[F], F]: ...
+    def task(
+        self, *, name: Optional[str] = None, time_limit: Optional[float] = None, retries: int = 0, backoff: float = 1.0
+    ) -> Callable[[F], F]: ...
 
     def task(
-        self, fn: Optional[F] = None, *, name: Optional[str] = None, time_limit: Optional[float] = None
+        self,
+        fn: Optional[F] = None,
+        *,
+        name: Optional[str] = None,
+        time_limit: Optional[float] = None,
+        retries: int = 0,
+        backoff: float = 1.0,
     ) -> Any:
         """Register ``fn`` as a task; usable bare (``@registry.task``) or with options.
 
         :param name: the task name (default: the function's ``__name__``).
         :param time_limit: seconds before the task is interrupted; ``None`` for none.
+        :param retries: further attempts of a failed job (int >= 0). A
+            confirmed job that exhausts them is kept as ``dead`` in the
+            journal (the dead-letter table); calls are never retried.
+        :param backoff: seconds before the first retry, doubled for each later one.
         :returns: ``fn`` itself, unchanged, so it stays callable locally.
         :raises ConfigurationError: the name is taken, reserved, or too long,
-            or ``time_limit`` is not a positive number.
+            ``time_limit`` is not a positive number, or retries/backoff are negative.
         """
 
         def register(function: F) -> F:
-            self.add(function, name=name, time_limit=time_limit)
+            self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff)
             return function
 
         return register(fn) if fn is not None else register
 
-    def add(self, fn: Callable[..., Any], *, name: Optional[str] = None, time_limit: Optional[float] = None) -> Task:
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: Optional[str] = None,
+        time_limit: Optional[float] = None,
+        retries: int = 0,
+        backoff: float = 1.0,
+    ) -> Task:
         """Register ``fn`` without decorator syntax; see :meth:`task`."""
         if not callable(fn):
             raise ConfigurationError(f"a task must be callable, got {fn!r}", setting="fn")
         task_name = name or getattr(fn, "__name__", "")
         if not isinstance(task_name, str) or not task_name or len(task_name) > MAX_TASK_NAME:
-            raise ConfigurationError(f"task name must be 1..{MAX_TASK_NAME} characters, got {task_name!r}", setting="name")
+            raise ConfigurationError(
+                f"task name must be 1..{MAX_TASK_NAME} characters, got {task_name!r}", setting="name"
+            )
         if task_name.startswith(RESERVED_PREFIX):
             raise ConfigurationError(f"task names starting with {RESERVED_PREFIX!r} are reserved", setting="name")
         if task_name in self._tasks:
             raise ConfigurationError(f"task {task_name!r} is already registered", setting="name")
         if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
-            raise ConfigurationError(f"time_limit must be a positive number of seconds, got {time_limit!r}", setting="time_limit")
-        task = Task(task_name, fn, None if time_limit is None else float(time_limit))
+            raise ConfigurationError(
+                f"time_limit must be a positive number of seconds, got {time_limit!r}", setting="time_limit"
+            )
+        if not isinstance(retries, int) or retries < 0:
+            raise ConfigurationError(f"retries must be an integer >= 0, got {retries!r}", setting="retries")
+        if not (isinstance(backoff, (int, float)) and backoff >= 0):
+            raise ConfigurationError(f"backoff must be a number of seconds >= 0, got {backoff!r}", setting="backoff")
+        task = Task(task_name, fn, None if time_limit is None else float(time_limit), retries, float(backoff))
         self._tasks[task_name] = task
         return task
 

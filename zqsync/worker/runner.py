@@ -1,4 +1,4 @@
-"""Runner: turn one decoded request into a task execution and a reply.
+"""Runner: decode one request, run its task, build the reply.
 
 A failing task never kills the worker: its exception becomes an error reply
 (type name, message, formatted traceback) for a call, and a log line for a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import gevent
 
@@ -24,6 +24,10 @@ COUNTERS = (
     "jobs_received",
     "jobs_succeeded",
     "jobs_failed",
+    "jobs_retried",
+    "jobs_dead",
+    "confirmed_received",
+    "confirmed_duplicates",
     "calls_received",
     "calls_succeeded",
     "calls_failed",
@@ -33,6 +37,9 @@ COUNTERS = (
     "in_flight",
 )
 
+#: An error as sent in a reply: (type name, message, traceback).
+ErrorInfo = tuple[str, str, str]
+
 
 class Runner:
     """Executes requests against a registry and counts what happens.
@@ -40,49 +47,65 @@ class Runner:
     :param registry: the tasks to serve.
     :param builtins: extra ``{name: fn}`` tasks answered on rpc only (the
         worker's ``zqsync.*`` introspection tasks).
+    :param confirm: handles ``confirm`` requests: ``confirm(request, task)``
+        returns the reply frame. ``None``: the worker has no journal, and
+        confirmed jobs get an error reply saying how to enable them.
     """
 
-    def __init__(self, registry: Registry, *, builtins: Optional[dict[str, Callable[..., Any]]] = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        builtins: Optional[dict[str, Callable[..., Any]]] = None,
+        confirm: Optional[Callable[[protocol.Request, Task], bytes]] = None,
+    ) -> None:
         self.registry = registry
         self.builtins = dict(builtins or {})
+        self.confirm = confirm
         self.counters = dict.fromkeys(COUNTERS, 0)
 
-    def handle_job(self, frame: bytes) -> None:
-        """Decode and run one job; nothing is sent back."""
+    def decode_job(self, frame: bytes) -> Optional[tuple[Task, protocol.Request]]:
+        """Decode a job frame; ``None`` (counted and logged) if malformed or for an unknown task."""
         try:
             request = protocol.decode_request(frame)
         except ProtocolError as exc:
             self.counters["malformed"] += 1
             log.warning("dropped a malformed job frame: %s", exc)
-            return
+            return None
         self.counters["jobs_received"] += 1
         task = self.registry.get(request.task)
         if task is None:
             self.counters["unknown_task"] += 1
             log.warning("dropped job %s: unknown task %r", request.id, request.task)
-            return
-        ok, value = self._run(task, request)
-        self.counters["jobs_succeeded" if ok else "jobs_failed"] += 1
-        if not ok:
-            log.error("job %s (%s) failed: %s: %s\n%s", request.id, task.name, *value)
+            return None
+        return task, request
 
-    def handle_call(self, frame: bytes) -> bytes:
-        """Decode and run one call; returns the reply frame (never raises for bad input)."""
+    def decode_rpc(self, frame: bytes) -> Union[tuple[protocol.Request, Task], bytes]:
+        """Decode an rpc request and find its task.
+
+        :returns: ``(request, task)``, or the error reply frame for a
+            malformed request, a plain job sent to rpc, or an unknown task.
+        """
         try:
             request = protocol.decode_request(frame)
         except ProtocolError as exc:
             self.counters["malformed"] += 1
             return protocol.encode_error("", "ProtocolError", f"malformed request: {exc}")
-        self.counters["calls_received"] += 1
-        builtin = self.builtins.get(request.task)
-        task = Task(request.task, builtin, None) if builtin else self.registry.get(request.task)
+        if request.kind == "job":
+            return protocol.encode_error(request.id, "ProtocolError", "a plain job belongs on the jobs socket")
+        task = self._lookup(request)
         if task is None:
             self.counters["unknown_task"] += 1
             known = ", ".join(self.registry.names()) or "none"
             return protocol.encode_error(
                 request.id, "UnknownTask", f"no task named {request.task!r} is registered (known: {known})"
             )
-        ok, value = self._run(task, request)
+        return request, task
+
+    def answer_call(self, request: protocol.Request, task: Task) -> bytes:
+        """Run a call; returns its reply frame (the result, or the task's error)."""
+        self.counters["calls_received"] += 1
+        ok, value = self.run(task, request)
         if ok:
             try:
                 reply = protocol.encode_result(request.id, value)
@@ -93,7 +116,27 @@ class Runner:
         self.counters["calls_failed"] += 1
         return protocol.encode_error(request.id, *value)
 
-    def _run(self, task: Task, request: protocol.Request) -> tuple[bool, Any]:
+    def _lookup(self, request: protocol.Request) -> Optional[Task]:
+        builtin = self.builtins.get(request.task)
+        if builtin is not None and request.kind == "call":
+            return Task(request.task, builtin)
+        return self.registry.get(request.task)
+
+    def answer_confirm(self, request: protocol.Request, task: Task) -> bytes:
+        """Journal a confirmed job and acknowledge it; returns the reply frame."""
+        if self.confirm is None:
+            return protocol.encode_error(
+                request.id, "NoJournal",
+                "this worker keeps no journal, so it cannot confirm jobs: start it with --state-dir DIR",
+            )
+        self.counters["confirmed_received"] += 1
+        return self.confirm(request, task)
+
+    def run(self, task: Task, request: protocol.Request) -> tuple[bool, Any]:
+        """Run ``task`` with the request's arguments under its time limit.
+
+        :returns: ``(True, result)`` or ``(False, (type name, message, traceback))``.
+        """
         self.counters["in_flight"] += 1
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
         try:
@@ -102,8 +145,7 @@ class Runner:
             if ex is not timer:
                 raise
             self.counters["timed_out"] += 1
-            message = f"task {task.name!r} exceeded its time limit of {task.time_limit} s"
-            return False, ("TimeLimitExceeded", message, "")
+            return False, ("TimeLimitExceeded", f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
         except Exception as exc:
             return False, (type(exc).__name__, str(exc), traceback.format_exc())
         finally:

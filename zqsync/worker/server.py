@@ -1,19 +1,24 @@
-"""Worker: binds jobs (PULL) on port N and rpc (ROUTER) on port N+1, runs tasks in a gevent pool.
+"""Worker: jobs (PULL) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
 
 Receiving waits for a free slot in the task pool (``gevent.pool.Pool``), so a
 busy worker stops draining its sockets, the high-water marks fill, and the
 clients' congestion control sees it.
 
+Standalone, the worker binds both sockets. As a child of a prefork
+supervisor (``supervisor.py``) it connects them to the supervisor's proxy
+backends instead, and rpc requests then carry the proxy's routing id in
+front of the client's.
+
 Shutdown (gunicorn's arbiter model): signal handlers only record the signal;
-the main greenlet acts on it. The first TERM/INT is warm: stop receiving,
-let in-flight tasks finish within ``graceful_timeout``, exit. A second
-TERM/INT, or the end of the grace period, is cold: in-flight tasks are killed.
+the main greenlet acts on it. TERM/INT is warm: stop receiving, let in-flight
+tasks finish within ``graceful_timeout``, exit. A second TERM/INT, QUIT, or
+the end of the grace period is cold: in-flight tasks are killed (confirmed
+ones stay pending in the journal and run after the next start).
 """
 
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import signal
@@ -28,16 +33,21 @@ import zmq.green
 import zmq.utils.monitor
 
 from .. import settings
-from ..client import parse_endpoint
 from ..errors import ConfigurationError
 from ..protocol import MAX_MESSAGE_SIZE, encode_error
+from .binding import bind_pair
+from .journal import Journal
 from .registry import Registry
 from .runner import Runner
+from .scheduler import JobScheduler
 
 log = logging.getLogger(__name__)
 
 #: Distinct client identities remembered for ``zqsync.stats``.
 MAX_IDENTITIES = 10_000
+#: Confirmed jobs being journaled at once (they share group commits).
+ADMISSIONS = 64
+COLD_SIGNALS = (signal.SIGQUIT,)
 
 
 class Worker:
@@ -56,6 +66,11 @@ class Worker:
     :param parent_pid: if given, shut down (warm) once this process is no
         longer the worker's parent, i.e. when whoever started it died without
         stopping it. Checked every second.
+    :param state_dir: directory of the journal of confirmed jobs; ``None``
+        refuses confirmed jobs.
+    :param journal_sync: SQLite ``synchronous`` level, ``"NORMAL"`` or ``"FULL"``.
+    :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
+        binding (set by the prefork supervisor).
 
     Must run in a process with a gevent hub; ``zqsync worker`` monkey-patches
     first, as gunicorn's gevent worker does.
@@ -72,6 +87,9 @@ class Worker:
         max_message_size: int = MAX_MESSAGE_SIZE,
         hwm: int = settings.HWM,
         parent_pid: Optional[int] = None,
+        state_dir: Optional[str] = None,
+        journal_sync: str = "NORMAL",
+        backend: Optional[tuple[str, str]] = None,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", setting="concurrency")
@@ -83,26 +101,30 @@ class Worker:
         self.max_message_size = max_message_size
         self.hwm = hwm
         self.parent_pid = parent_pid
+        self.backend = backend
         self.endpoint: Optional[str] = None
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"})
         self.identities: collections.Counter[bytes] = collections.Counter()
+        self.connections: dict[str, int] = {}
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(concurrency)
+        self._admissions = gevent.pool.Pool(ADMISSIONS)
+        journal = Journal(state_dir, synchronous=journal_sync) if state_dir else None
+        self.scheduler = JobScheduler(self.runner, self._slots, journal=journal)
         self._signals: list[int] = []
         self._wakeup = gevent.event.Event()
-        self._receivers: list[gevent.Greenlet] = []
+        self._greenlets: list[gevent.Greenlet] = []
         self._context: Optional[zmq.Context] = None
-        self.connections: dict[str, int] = {}
+        self._envelope = 2 if backend else 1  # frames in front of the body on rpc
 
-    # -- binding -----------------------------------------------------------
+    # -- sockets -----------------------------------------------------------
 
     def bind(self) -> str:
-        """Bind both sockets; returns the base endpoint actually bound.
+        """Bind (or, under a supervisor, connect) both sockets; returns the base endpoint.
 
         :raises ConfigurationError: malformed bind endpoint.
         :raises zmq.ZMQError: the address is in use or unavailable.
         """
-        host, port = parse_endpoint(self.bind_address, allow_zero=True)
         context = self._context = zmq.green.Context()
         self.jobs = context.socket(zmq.PULL)
         self.rpc = context.socket(zmq.ROUTER)
@@ -110,13 +132,13 @@ class Worker:
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.RCVHWM, self.hwm)
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size)
-        if port == 0:
-            port = self._bind_free_pair(host)
-        else:
-            self.jobs.bind(f"{host}:{port}")
-            self.rpc.bind(f"{host}:{port + 1}")
-        self.endpoint = f"{host}:{port}"
-        self._monitors = [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
+        if self.backend:
+            self.jobs.connect(self.backend[0])
+            self.rpc.connect(self.backend[1])
+            self.endpoint = self.bind_address
+            return self.endpoint
+        self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address)
+        self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
 
     def _watch_connections(self, sock: zmq.Socket, name: str) -> gevent.Greenlet:
@@ -135,41 +157,31 @@ class Worker:
 
         return gevent.spawn(watch)
 
-    def _bind_free_pair(self, host: str) -> int:
-        for _ in range(100):
-            port = self.jobs.bind_to_random_port(host, min_port=20000, max_port=60000)
-            try:
-                self.rpc.bind(f"{host}:{port + 1}")
-                return port
-            except zmq.ZMQError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise
-                self.jobs.unbind(self.jobs.getsockopt_string(zmq.LAST_ENDPOINT))
-        raise ConfigurationError(f"found no free port pair on {host}", setting="bind")
-
     # -- serving -----------------------------------------------------------
 
     def serve(self) -> int:
-        """Bind (if not yet bound), serve until TERM/INT, shut down; returns the exit status 0.
+        """Bind (if not yet bound), serve until a stop signal, shut down; returns the exit status 0.
 
-        Blocks the calling greenlet. Installs SIGTERM and SIGINT handlers.
+        Blocks the calling greenlet. Installs SIGTERM, SIGINT and SIGQUIT handlers.
         """
         if self.endpoint is None:
             self.bind()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             gevent.signal_handler(signum, self._on_signal, signum)
+        self.scheduler.start()
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         if self.parent_pid is not None:
-            self._receivers.append(gevent.spawn(self._watch_parent, self.parent_pid))
-        log.info(
-            "zqsync worker pid %d serving %d task(s) on %s (jobs) and rpc port +1, concurrency %d",
-            os.getpid(), len(self.registry), self.endpoint, self.concurrency,
-        )
+            self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
+        where = f"behind the supervisor's {self.endpoint}" if self.backend else f"on {self.endpoint} (rpc on port +1)"
+        log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
+                 os.getpid(), len(self.registry), where, self.concurrency)
         self._write_ready_file()
         self._wakeup.wait()
-        warm = len(self._signals) < 2
-        self.shutdown(warm=warm)
+        self.shutdown(warm=self._warm())
         return 0
+
+    def _warm(self) -> bool:
+        return len(self._signals) < 2 and not any(signum in COLD_SIGNALS for signum in self._signals)
 
     def _on_signal(self, signum: int) -> None:
         # Only record it; the main greenlet decides what to do (gunicorn's arbiter).
@@ -193,76 +205,95 @@ class Worker:
         while True:
             self._slots.wait_available()
             frame = self.jobs.recv()
-            self._slots.spawn(self.runner.handle_job, frame)
+            self._slots.spawn(self.scheduler.run_plain, frame)
 
     def _receive_calls(self) -> None:
+        # A call needs a task slot: spawning it waits for one, with the call in
+        # hand, and receiving stops meanwhile. A confirmed job needs only to be
+        # journaled, so it is admitted without a task slot, up to a backlog
+        # bound (scheduler.py); the journal, not the task pool, buffers it.
         while True:
-            self._slots.wait_available()
             frames = self.rpc.recv_multipart()
-            self._slots.spawn(self._answer, frames)
+            envelope = frames[: self._envelope]
+            self._note_identity(envelope[-1])
+            decoded = self._decode(frames)
+            if isinstance(decoded, bytes):
+                self._reply(envelope, decoded)
+            elif decoded[0].kind == "confirm":
+                self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
+            else:
+                self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
 
-    def _answer(self, frames: list[bytes]) -> None:
-        identity = frames[0]
+    def _decode(self, frames: list[bytes]) -> Any:
+        if len(frames) != self._envelope + 1:
+            self.runner.counters["malformed"] += 1
+            return encode_error("", "ProtocolError", f"expected one body frame, got {len(frames) - self._envelope}")
+        return self.runner.decode_rpc(frames[-1])
+
+    def _note_identity(self, identity: bytes) -> None:
         if len(self.identities) < MAX_IDENTITIES or identity in self.identities:
             self.identities[identity] += 1
-        if len(frames) != 2:
-            self.runner.counters["malformed"] += 1
-            reply = encode_error("", "ProtocolError", f"expected one body frame, got {len(frames) - 1}")
-        else:
-            try:
-                reply = self.runner.handle_call(frames[1])
-            except gevent.GreenletExit:
-                self._reply(identity, encode_error("", "WorkerShutdown", "the worker stopped before the task finished"))
-                raise
-        self._reply(identity, reply)
 
-    def _reply(self, identity: bytes, reply: bytes) -> None:
+    def _answer(self, answer: Any, envelope: list[bytes], request: Any, task: Any) -> None:
         try:
-            self.rpc.send_multipart([identity, reply], flags=zmq.NOBLOCK)
+            reply = answer(request, task)
+        except gevent.GreenletExit:
+            self._reply(envelope, encode_error(request.id, "WorkerShutdown", "the worker stopped before the task finished"))
+            raise
+        self._reply(envelope, reply)
+
+    def _reply(self, envelope: list[bytes], reply: bytes) -> None:
+        try:
+            self.rpc.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
         except zmq.Again:
-            log.warning("dropped a reply: client %r is not reading", identity)
+            log.warning("dropped a reply: client %r is not reading", envelope[-1])
 
     def shutdown(self, *, warm: bool = True) -> None:
         """Stop receiving, then finish (warm) or kill (cold) in-flight tasks, and close the sockets.
 
         A warm shutdown waits up to ``graceful_timeout`` seconds, and turns
-        cold if another TERM/INT arrives meanwhile.
+        cold if another stop signal arrives meanwhile.
         """
         gevent.killall(self._receivers)
+        self.scheduler.pause()
         if warm and len(self._slots):
-            log.info("warm shutdown: waiting up to %.1f s for %d task(s)", self.graceful_timeout, len(self._slots))
-            deadline = time.monotonic() + self.graceful_timeout
-            signals_before = len(self._signals)
-            while len(self._slots) and len(self._signals) == signals_before:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._slots.join(timeout=min(0.1, remaining))
+            self._finish_in_flight()
+        self._admissions.join(timeout=5.0)
         if len(self._slots):
             log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
             self._slots.kill(timeout=1.0)
-        gevent.killall(self._monitors)
+        self.scheduler.stop()
+        gevent.killall(self._greenlets)
         for sock in (self.jobs, self.rpc):
-            sock.disable_monitor()
+            if not self.backend:
+                sock.disable_monitor()
             sock.close(linger=1000)
         if self._context is not None:
             self._context.term()
         log.info("zqsync worker pid %d stopped", os.getpid())
+
+    def _finish_in_flight(self) -> None:
+        log.info("warm shutdown: waiting up to %.1f s for %d task(s)", self.graceful_timeout, len(self._slots))
+        deadline = time.monotonic() + self.graceful_timeout
+        signals_before = len(self._signals)
+        while len(self._slots) and len(self._signals) == signals_before:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._slots.join(timeout=min(0.1, remaining))
 
     # -- introspection -----------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``zqsync.stats`` calls.
 
-        :returns: the runner's counters (``jobs_received``, ``jobs_succeeded``,
-            ``jobs_failed``, ``calls_received``, ``calls_succeeded``,
-            ``calls_failed``, ``timed_out``, ``unknown_task``, ``malformed``,
-            ``in_flight``),
-            ``pid``, ``uptime`` (seconds), ``tasks`` (names) and
+        :returns: the runner's counters (``jobs_*``, ``confirmed_*``,
+            ``calls_*``, ``timed_out``, ``unknown_task``, ``malformed``,
+            ``in_flight``), ``pid``, ``uptime`` (seconds), ``tasks`` (names),
             ``identities_by_pid``: ``{client pid: distinct socket identities
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
-            and ``connections_jobs`` / ``connections_rpc``: TCP connections
-            accepted on each socket since start.
+            and, when the worker binds its own sockets, ``connections_jobs`` /
+            ``connections_rpc``: TCP connections accepted since start.
         """
         by_pid: collections.Counter[str] = collections.Counter()
         for identity in self.identities:

@@ -1,0 +1,157 @@
+"""The prefork supervisor with real processes: restarts, boot errors, shutdowns, and confirmed
+jobs that survive SIGKILL of a child or of the supervisor itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import pytest
+
+import zqsync
+from tests.helpers import children_of, pid_exists, wait_for
+
+JOBS = 2000
+
+
+def supervised(zq_worker, tmp_path, app="workers.demo:registry", processes=2, concurrency=100, **kwargs):
+    args = ["--processes", str(processes), "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "10"]
+    return zq_worker(app, extra_args=args, concurrency=concurrency, **kwargs)
+
+
+def serving_pids(client: zqsync.Client, calls: int = 40) -> set[int]:
+    return {client.call("zqsync.stats")["pid"] for _ in range(calls)}
+
+
+def count_lines(path) -> Counter:
+    return Counter(path.read_text().splitlines()) if path.exists() else Counter()
+
+
+class ConfirmedSender(threading.Thread):
+    """Sends JOBS confirmed ``record`` jobs, one line each, from a thread of its own.
+
+    Each job takes 20 ms and the workers are given few slots, so a backlog of
+    journaled, acknowledged, not yet run jobs builds up: what a kill must not lose.
+    """
+
+    def __init__(self, endpoint: str, target) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.target = endpoint, target
+        self.sent = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with zqsync.Client(self.endpoint, confirm_timeout=90.0) as client:
+                for index in range(JOBS):
+                    client.enqueue_with_options("record", args=(str(self.target), str(index), 0.02), confirm=True)
+                    self.sent = index + 1
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def assert_every_job_ran_at_least_once(target) -> None:
+    seen = wait_for(lambda: (c := count_lines(target)) and len(c) == JOBS and c, timeout=90,
+                    what=f"all {JOBS} jobs to run")
+    duplicates = sum(seen.values()) - JOBS
+    print(f"jobs sent {JOBS}, executed {sum(seen.values())}, duplicates {duplicates}, lost 0")
+    assert set(seen) == {str(index) for index in range(JOBS)}
+
+
+def test_children_share_one_address_and_a_killed_child_is_restarted(zq_worker, tmp_path):
+    supervisor = supervised(zq_worker, tmp_path)
+    with zqsync.Client(supervisor.endpoint) as client:
+        first = wait_for(lambda: len(p := serving_pids(client)) == 2 and p, what="both children to answer")
+        assert set(children_of(supervisor.pid)) == first
+        victim = sorted(first)[0]
+        os.kill(victim, signal.SIGKILL)
+        replaced = wait_for(lambda: len(c := set(children_of(supervisor.pid))) == 2 and victim not in c and c,
+                            what="the killed child to be replaced")
+        wait_for(lambda: serving_pids(client) == replaced, what="calls to reach the new child")
+    assert "restarting in" in supervisor.output()
+
+
+def test_a_child_that_fails_to_boot_halts_the_supervisor_with_a_clear_message(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "zqsync", "worker", "no_such_module_xyz:registry", "--bind", "tcp://127.0.0.1:0",
+         "--processes", "2"], capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 3
+    assert "cannot import 'no_such_module_xyz'" in result.stderr
+    assert "before it finished booting; halting" in result.stderr
+
+
+def test_confirmed_jobs_survive_sigkill_of_a_child(zq_worker, tmp_path):
+    supervisor = supervised(zq_worker, tmp_path, concurrency=4)
+    target = tmp_path / "records.txt"
+    sender = ConfirmedSender(supervisor.endpoint, target)
+    sender.start()
+    wait_for(lambda: sender.sent >= JOBS // 4, what="a quarter of the jobs to be confirmed")
+    os.kill(children_of(supervisor.pid)[0], signal.SIGKILL)
+    sender.join(120)
+    assert sender.error is None and sender.sent == JOBS
+    assert_every_job_ran_at_least_once(target)
+
+
+def test_confirmed_jobs_survive_sigkill_of_the_supervisor(zq_worker, tmp_path):
+    supervisor = supervised(zq_worker, tmp_path, concurrency=4)
+    target = tmp_path / "records.txt"
+    sender = ConfirmedSender(supervisor.endpoint, target)
+    sender.start()
+    wait_for(lambda: sender.sent >= JOBS // 4, what="a quarter of the jobs to be confirmed")
+    orphans = children_of(supervisor.pid)
+    os.kill(supervisor.pid, signal.SIGKILL)
+    supervisor.proc.wait(10)
+    wait_for(lambda: not any(pid_exists(pid) for pid in orphans), timeout=40, what="the orphaned children to exit")
+    supervised(zq_worker, tmp_path, concurrency=4, bind=supervisor.endpoint)  # same address, same journal
+    sender.join(120)
+    assert sender.error is None and sender.sent == JOBS
+    assert_every_job_ran_at_least_once(target)
+
+
+def test_warm_shutdown_lets_in_flight_tasks_complete(zq_worker, tmp_path):
+    supervisor = supervised(zq_worker, tmp_path)
+    results: list = []
+    with zqsync.Client(supervisor.endpoint, call_timeout=30) as client:
+        callers = [threading.Thread(target=lambda: results.append(client.call("sleep", 1.0))) for _ in range(4)]
+        for caller in callers:
+            caller.start()
+        wait_for(lambda: supervisor.stats()["in_flight"] >= 2, what="sleep tasks to be running")  # + the probe
+        os.kill(supervisor.pid, signal.SIGTERM)
+        for caller in callers:
+            caller.join(30)
+    assert results == [1.0] * 4
+    assert supervisor.proc.wait(30) == 0
+
+
+def test_cold_shutdown_keeps_confirmed_jobs_in_the_journal_for_the_next_start(zq_worker, tmp_path):
+    """A confirmed job waiting for its retry (2 s backoff) when QUIT arrives runs after the next start."""
+    app = "tests.integration.journal_tasks:registry"
+    supervisor = supervised(zq_worker, tmp_path, app=app)
+    target = tmp_path / "later.txt"
+    with zqsync.Client(supervisor.endpoint) as client:
+        client.enqueue_with_options("fail_first", args=(str(target), "after-restart"), confirm=True)
+    wait_for(lambda: os.path.exists(f"{target}.after-restart.tried"), what="the first, failing attempt")
+    os.kill(supervisor.pid, signal.SIGQUIT)
+    assert supervisor.proc.wait(30) == 0
+    listed = subprocess.run([sys.executable, "-m", "zqsync", "jobs", "--state-dir", str(tmp_path / "state")],
+                            capture_output=True, text=True, timeout=60)
+    assert "fail_first" in listed.stdout and "pending" in listed.stdout
+    assert not target.exists()
+    supervised(zq_worker, tmp_path, app=app)
+    wait_for(lambda: target.exists() and target.read_text() == "after-restart\n", timeout=60,
+             what="the journaled job to run after the restart")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_supervisor_exits_zero_and_leaves_no_children(zq_worker, tmp_path, signum):
+    supervisor = supervised(zq_worker, tmp_path)
+    children = children_of(supervisor.pid)
+    assert len(children) == 2
+    os.kill(supervisor.pid, signum)
+    assert supervisor.proc.wait(30) == 0
+    assert not any(pid_exists(pid) for pid in children)
