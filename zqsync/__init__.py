@@ -3,6 +3,7 @@
 Public API only; importing zqsync opens nothing and reads no environment.
 """
 
+from .auth import Curve
 from .client import Client, call, close_all, default_client, enqueue
 from .congestion import CongestionControl
 from .errors import (
@@ -24,6 +25,7 @@ __all__ = [
     "CallTimeout",
     "Client",
     "ConfigurationError",
+    "Curve",
     "Congested",
     "CongestionControl",
     "PoolError",

@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
                         help="SQLite synchronous level: 'normal' survives any process kill, 'full' also power "
                         "loss at an fsync per commit (default: normal)")
+    worker.add_argument("--curve-secret-key", metavar="FILE",
+                        help="this worker's secret key (NAME.key_secret from 'zqsync keygen'): accept only CURVE "
+                        "clients listed in --allow-client-keys; traffic is encrypted")
+    worker.add_argument("--allow-client-keys", metavar="DIR",
+                        help="directory of the public keys (*.key) of the clients allowed to connect")
     worker.add_argument("--hwm", type=_positive_int, default=settings.HWM,
                         help=f"receive high-water mark of the jobs and rpc sockets, messages (default: {settings.HWM})")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
@@ -114,7 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--timeout", type=_seconds, default=None,
                          help="seconds to wait for the reply (call) or for the worker to take the job (enqueue); "
                          "default ZQSYNC_CALL_TIMEOUT / ZQSYNC_SEND_TIMEOUT")
+        sub.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
+        sub.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
         sub.set_defaults(handler=cmd_call if name == "call" else cmd_enqueue)
+
+    keygen = commands.add_parser(
+        "keygen", parents=[common], help="write a CURVE keypair",
+        description="Write NAME.key (public: give it to peers) and NAME.key_secret (secret, mode 0600) into "
+        "--dir. A worker needs its own .key_secret and a directory of allowed clients' .key files; a "
+        "client needs its .key_secret and the worker's .key.",
+    )
+    keygen.add_argument("name", metavar="NAME", help="base name of the key files, e.g. worker or web1")
+    keygen.add_argument("--dir", default=".", help="directory to write into (default: the current one)")
+    keygen.set_defaults(handler=cmd_keygen)
 
     demo = commands.add_parser(
         "demo", parents=[common], help="run the main job end to end on loopback",
@@ -159,6 +176,12 @@ def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
+    if bool(args.curve_secret_key) != bool(args.allow_client_keys):
+        raise SystemExit("zqsync worker: --curve-secret-key and --allow-client-keys go together")
+    return {"curve_secret_key": args.curve_secret_key, "allow_client_keys": args.allow_client_keys}
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     if args.processes:
         return _run_supervisor(args)
@@ -169,7 +192,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.app)
     worker = Worker(registry, bind=args.bind, ready_file=args.ready_file, parent_pid=args.parent_pid,
-                    **_worker_options(args))
+                    **_worker_options(args), **_curve_options(args))
     return worker.serve()
 
 
@@ -188,7 +211,8 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         return worker.serve()
 
     supervisor = Supervisor(serve_child, bind=args.bind, processes=args.processes, parent_pid=args.parent_pid,
-                            graceful_timeout=args.graceful_timeout, ready_file=args.ready_file)
+                            graceful_timeout=args.graceful_timeout, ready_file=args.ready_file,
+                            **_curve_options(args))
     return supervisor.run()
 
 
@@ -214,23 +238,35 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(endpoint: str) -> Any:
+def _client(args: argparse.Namespace) -> Any:
+    from .auth import Curve
     from .client import Client
 
-    return Client(endpoint)
+    if bool(args.curve_server_key) != bool(args.curve_secret_key):
+        raise SystemExit(f"zqsync {args.command}: --curve-server-key and --curve-secret-key go together")
+    curve = Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
+    return Client(args.endpoint, curve=curve)
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    with _client(args.endpoint) as client:
+    with _client(args) as client:
         result = client.call_with_options(args.task, args=args.args, kwargs=args.kwargs, timeout=args.timeout)
     print(json.dumps(result, default=repr))
     return 0
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    with _client(args.endpoint) as client:
+    with _client(args) as client:
         job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout)
     print(job_id)
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from .auth import keygen
+
+    public, secret = keygen(args.dir, args.name)
+    print(f"public key: {public}\nsecret key: {secret} (mode 0600; keep it private)")
     return 0
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 import zmq
 
 from . import protocol, transport
+from .auth import Curve
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .errors import CallTimeout, ConfigurationError, PoolError, RemoteError, Unconfirmed, UnknownTask, ZqsyncError
@@ -79,6 +80,8 @@ class Client:
         default ``ZQSYNC_CONFIRM_TIMEOUT`` (10.0).
     :param confirm_retry: seconds one confirm attempt waits for its
         acknowledgement before retrying; default ``ZQSYNC_CONFIRM_RETRY`` (1.0).
+    :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
+        (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed endpoint or setting.
 
     Building a client opens nothing: sockets are opened on first use, per
@@ -103,6 +106,7 @@ class Client:
         lease_timeout: Optional[float] = None,
         confirm_timeout: Optional[float] = None,
         confirm_retry: Optional[float] = None,
+        curve: Optional[Curve] = None,
     ) -> None:
         names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not names:
@@ -126,8 +130,9 @@ class Client:
             confirm_retry=confirm_retry,
         )
         self.congestion = CongestionControl.parse(self.settings.congestion)
-        self._push = SocketPool(zmq.PUSH, settings=self.settings, peers=len(pairs))
-        self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs))
+        options = curve.client_options() if curve else None
+        self._push = SocketPool(zmq.PUSH, settings=self.settings, peers=len(pairs), options=options)
+        self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options)
         self._counts = dict.fromkeys(
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )

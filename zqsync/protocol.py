@@ -35,6 +35,9 @@ KINDS = ("job", "call", "confirm")
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 MAX_TASK_NAME = 200
 MAX_ID = 64
+#: Most elements of one msgpack array or map, and deepest nesting of arguments and results.
+MAX_ITEMS = 1_000_000
+MAX_DEPTH = 100
 
 
 class Request(NamedTuple):
@@ -69,9 +72,12 @@ def _unpack(data: bytes, max_size: int) -> dict[str, Any]:
     if len(data) > max_size:
         raise ProtocolError(f"frame of {len(data)} bytes exceeds the {max_size}-byte limit")
     try:
-        message = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        message = msgpack.unpackb(
+            data, raw=False, strict_map_key=False, max_str_len=max_size, max_bin_len=max_size,
+            max_array_len=MAX_ITEMS, max_map_len=MAX_ITEMS, max_ext_len=0,
+        )
     except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(f"frame is not valid msgpack: {exc}") from exc
+        raise ProtocolError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from exc
     if not isinstance(message, dict):
         raise ProtocolError(f"frame must hold a map, got {type(message).__name__}")
     if message.get("v") != VERSION:
@@ -119,7 +125,22 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
     if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
         raise ProtocolError("field 'kwargs' must be a map with str keys")
+    _check_depth(args)
+    _check_depth(kwargs)
     return Request(message["id"], kind, task, args, kwargs)
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse nesting deeper than MAX_DEPTH (iteratively: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"arguments nest deeper than {MAX_DEPTH} levels")
+        if isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
 
 
 def encode_result(request_id: str, result: Any) -> bytes:

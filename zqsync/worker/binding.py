@@ -3,23 +3,40 @@
 from __future__ import annotations
 
 import errno
+import logging
+from typing import Optional
 
 import zmq
 
+from ..auth import is_loopback, server_options
 from ..client import parse_endpoint
 from ..errors import ConfigurationError
 
+log = logging.getLogger(__name__)
 
-def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str) -> str:
+
+def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_key: Optional[str] = None) -> str:
     """Bind ``jobs`` to PORT and ``rpc`` to PORT+1 of ``address`` (``tcp://HOST:PORT``).
 
     PORT ``0`` picks a free pair in 20000..60000, retrying while PORT+1 is taken.
+    With ``curve_secret_key`` both sockets become CURVE servers (the caller
+    runs the ZAP authenticator); without it, a non-loopback address is
+    bound with a warning, since anyone who can reach it can run tasks.
 
     :returns: the bound base endpoint.
     :raises ConfigurationError: malformed address, or no free pair found.
     :raises zmq.ZMQError: a fixed port is in use or the host is unavailable.
     """
     host, port = parse_endpoint(address, allow_zero=True)
+    if curve_secret_key:
+        for option, value in server_options(curve_secret_key).items():
+            jobs.setsockopt(option, value)
+            rpc.setsockopt(option, value)
+    elif not is_loopback(host.split("//", 1)[1]):
+        log.warning(
+            "binding %s without CURVE: anyone who can reach it can run tasks; start the worker with "
+            "--curve-secret-key FILE --allow-client-keys DIR (see zqsync keygen)", address,
+        )
     if port:
         jobs.bind(f"{host}:{port}")
         rpc.bind(f"{host}:{port + 1}")

@@ -33,6 +33,7 @@ import zmq.green
 import zmq.utils.monitor
 
 from .. import settings
+from ..auth import GeventAuthenticator
 from ..errors import ConfigurationError
 from ..protocol import MAX_MESSAGE_SIZE, encode_error
 from .binding import bind_pair
@@ -71,6 +72,9 @@ class Worker:
     :param journal_sync: SQLite ``synchronous`` level, ``"NORMAL"`` or ``"FULL"``.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
         binding (set by the prefork supervisor).
+    :param curve_secret_key: the worker's ``.key_secret`` file: both sockets
+        then accept only CURVE clients whose public key is in ``allow_client_keys``.
+    :param allow_client_keys: directory of allowed client public keys (``*.key``).
 
     Must run in a process with a gevent hub; ``zqsync worker`` monkey-patches
     first, as gunicorn's gevent worker does.
@@ -90,6 +94,8 @@ class Worker:
         state_dir: Optional[str] = None,
         journal_sync: str = "NORMAL",
         backend: Optional[tuple[str, str]] = None,
+        curve_secret_key: Optional[str] = None,
+        allow_client_keys: Optional[str] = None,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", setting="concurrency")
@@ -102,6 +108,11 @@ class Worker:
         self.hwm = hwm
         self.parent_pid = parent_pid
         self.backend = backend
+        if bool(curve_secret_key) != bool(allow_client_keys):
+            raise ConfigurationError("CURVE needs both a secret key and a directory of allowed client keys",
+                                     setting="curve_secret_key")
+        self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
+        self._authenticator: Any = None
         self.endpoint: Optional[str] = None
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"})
         self.identities: collections.Counter[bytes] = collections.Counter()
@@ -137,7 +148,10 @@ class Worker:
             self.rpc.connect(self.backend[1])
             self.endpoint = self.bind_address
             return self.endpoint
-        self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address)
+        if self.allow_client_keys:
+            self._authenticator = GeventAuthenticator(context, self.allow_client_keys)
+            self._authenticator.start()
+        self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
         self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
 
@@ -268,6 +282,8 @@ class Worker:
             if not self.backend:
                 sock.disable_monitor()
             sock.close(linger=1000)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         if self._context is not None:
             self._context.term()
         log.info("zqsync worker pid %d stopped", os.getpid())

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 import zmq
 
 from .. import settings
+from ..auth import start_thread_authenticator
 from ..errors import ConfigurationError
 from .binding import bind_pair
 
@@ -69,6 +70,8 @@ class Supervisor:
     :param boot_timeout: seconds a child may take to become ready.
     :param parent_pid: if given, shut down (warm) once this process is no
         longer the supervisor's parent.
+    :param curve_secret_key: make the public sockets CURVE servers (see ``auth.py``).
+    :param allow_client_keys: directory of allowed client public keys.
     """
 
     def __init__(
@@ -81,6 +84,8 @@ class Supervisor:
         ready_file: Optional[str] = None,
         boot_timeout: float = 60.0,
         parent_pid: Optional[int] = None,
+        curve_secret_key: Optional[str] = None,
+        allow_client_keys: Optional[str] = None,
     ) -> None:
         if processes < 1:
             raise ConfigurationError(f"processes must be >= 1, got {processes}", setting="processes")
@@ -91,6 +96,8 @@ class Supervisor:
         self.ready_file = ready_file
         self.boot_timeout = boot_timeout
         self.parent_pid = parent_pid
+        self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
+        self._authenticator: Any = None
         self.endpoint = ""
         self.children: dict[int, _Child] = {}
         self.restarts = 0
@@ -107,7 +114,9 @@ class Supervisor:
     def _start_proxies(self) -> tuple[str, str]:
         context = self._context = zmq.Context()
         jobs_front, rpc_front = context.socket(zmq.PULL), context.socket(zmq.ROUTER)
-        self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address)
+        if self.allow_client_keys:
+            self._authenticator = start_thread_authenticator(context, self.allow_client_keys)
+        self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address, curve_secret_key=self.curve_secret_key)
         backend = (f"ipc://{self._dir}/jobs", f"ipc://{self._dir}/rpc")
         jobs_back, rpc_back = context.socket(zmq.PUSH), context.socket(zmq.DEALER)
         jobs_back.bind(backend[0])
@@ -132,6 +141,8 @@ class Supervisor:
             thread.join(5.0)
         for control in self._controls:
             control.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         if self._context is not None:
             self._context.destroy(linger=1000)
 

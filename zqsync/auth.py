@@ -1,0 +1,185 @@
+"""CURVE authentication and encryption (ZeroMQ RFC 26 CurveZMQ, RFC 27 ZAP).
+
+* :func:`keygen` writes a keypair with pyzmq's ``zmq.auth.create_certificates``
+  (``NAME.key`` public, ``NAME.key_secret`` secret, mode 0600).
+* A worker loads its secret key and a directory of allowed client public
+  keys; only those clients complete the handshake, so nothing from anyone
+  else is ever received, let alone run.
+* ZAP requests are answered by pyzmq's ``zmq.auth.Authenticator`` logic. pyzmq
+  ships thread and asyncio drivers but none for gevent; :class:`GeventAuthenticator`
+  serves the ZAP socket from a greenlet with a ``zmq.green`` socket, so a
+  monkey-patched worker never blocks its hub on authentication.
+* Secret key files readable by group or others are refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+from typing import Any, Coroutine, NamedTuple
+
+import zmq
+import zmq.auth
+
+from .errors import ConfigurationError
+
+
+class Curve(NamedTuple):
+    """A client's CURVE keys, Z85-encoded: the worker's public key, and the client's own pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_files(cls, server_public: str, client_secret: str) -> "Curve":
+        """Load keys written by ``zqsync keygen``.
+
+        :param server_public: the worker's ``NAME.key`` file.
+        :param client_secret: this client's ``NAME.key_secret`` file (holds both halves).
+        :raises ConfigurationError: a file is missing, malformed, or the secret is readable by others.
+        """
+        server_key, _ = load_public(server_public)
+        public, secret = load_secret(client_secret)
+        return cls(server_key, public, secret)
+
+    def client_options(self) -> dict[int, bytes]:
+        """Socket options that make a connecting socket a CURVE client."""
+        return {zmq.CURVE_SERVERKEY: self.server_public, zmq.CURVE_PUBLICKEY: self.public, zmq.CURVE_SECRETKEY: self.secret}
+
+
+def keygen(directory: str, name: str) -> tuple[str, str]:
+    """Write a new keypair ``DIRECTORY/NAME.key`` and ``DIRECTORY/NAME.key_secret`` (mode 0600).
+
+    :returns: the public and secret file paths.
+    :raises ConfigurationError: the files exist already (keys are never overwritten).
+    """
+    os.makedirs(directory, exist_ok=True)
+    base = os.path.join(directory, name)
+    for path in (f"{base}.key", f"{base}.key_secret"):
+        if os.path.exists(path):
+            raise ConfigurationError(f"{path} exists; refusing to overwrite a key", setting="name")
+    old_umask = os.umask(0o077)
+    try:
+        public, secret = zmq.auth.create_certificates(directory, name)
+    finally:
+        os.umask(old_umask)
+    os.chmod(secret, 0o600)
+    os.chmod(public, 0o644)
+    return public, secret
+
+
+def _load(path: str) -> tuple[bytes, Any]:
+    try:
+        return zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot load CURVE key {path!r}: {exc}", setting="curve") from exc
+
+
+def load_public(path: str) -> tuple[bytes, None]:
+    """The public key in ``path``. :raises ConfigurationError: unreadable or malformed."""
+    public, _ = _load(path)
+    return public, None
+
+
+def load_secret(path: str) -> tuple[bytes, bytes]:
+    """The ``(public, secret)`` keys in a ``.key_secret`` file.
+
+    :raises ConfigurationError: unreadable, malformed, holds no secret key, or
+        readable by group or others (``chmod 600`` it).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read CURVE secret key {path!r}: {exc}", setting="curve") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigurationError(
+            f"CURVE secret key {path!r} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
+            f"run: chmod 600 {path}", setting="curve",
+        )
+    public, secret = _load(path)
+    if not secret:
+        raise ConfigurationError(f"{path!r} holds no secret key (use the .key_secret file)", setting="curve")
+    return public, secret
+
+
+def server_options(secret_file: str) -> dict[int, Any]:
+    """Socket options that make a bound socket a CURVE server with the key in ``secret_file``."""
+    public, secret = load_secret(secret_file)
+    return {zmq.CURVE_SERVER: 1, zmq.CURVE_PUBLICKEY: public, zmq.CURVE_SECRETKEY: secret}
+
+
+def check_allow_dir(directory: str) -> None:
+    """:raises ConfigurationError: ``directory`` does not exist or holds no ``*.key`` file."""
+    if not os.path.isdir(directory) or not any(name.endswith(".key") for name in os.listdir(directory)):
+        raise ConfigurationError(f"--allow-client-keys {directory!r} holds no client public keys (*.key)",
+                                 setting="allow_client_keys")
+
+
+def _drive(coroutine: Coroutine[Any, Any, Any]) -> None:
+    # pyzmq's handle_zap_message is a coroutine only so that credential
+    # callbacks may await; with keys loaded from a directory it never suspends.
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("ZAP handler suspended; asynchronous credential providers are not supported")
+
+
+class GeventAuthenticator(zmq.auth.Authenticator):
+    """pyzmq's ZAP authenticator served from a greenlet (for monkey-patched processes).
+
+    :param context: the context whose sockets use CURVE (a ``zmq.green.Context``).
+    :param allow_dir: directory of allowed client public keys (``*.key``).
+    """
+
+    def __init__(self, context: zmq.Context, allow_dir: str) -> None:
+        super().__init__(context)
+        self.allow_dir = allow_dir
+        self._greenlet: Any = None
+
+    def start(self) -> None:
+        """Bind the ZAP endpoint and start answering in a greenlet."""
+        import gevent
+        import zmq.green
+
+        check_allow_dir(self.allow_dir)
+        self.zap_socket = zmq.green.Socket(self.context, zmq.REP)
+        self.zap_socket.linger = 1
+        self.zap_socket.bind("inproc://zeromq.zap.01")
+        self.configure_curve(domain="*", location=self.allow_dir)
+        self._greenlet = gevent.spawn(self._serve)
+
+    def _serve(self) -> None:
+        while True:
+            _drive(self.handle_zap_message(self.zap_socket.recv_multipart()))
+
+    def stop(self) -> None:
+        """Stop answering and close the ZAP socket."""
+        if self._greenlet is not None:
+            self._greenlet.kill()
+        super().stop()
+
+
+def start_thread_authenticator(context: zmq.Context, allow_dir: str) -> Any:
+    """pyzmq's ``ThreadAuthenticator`` for a process without gevent (the prefork supervisor)."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    check_allow_dir(allow_dir)
+    authenticator = ThreadAuthenticator(context)
+    authenticator.start()
+    authenticator.configure_curve(domain="*", location=allow_dir)
+    return authenticator
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (from ``tcp://HOST:PORT``) is a loopback address or ``localhost``."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
