@@ -3,7 +3,7 @@
     ZQSYNC_ENDPOINT=tcp://127.0.0.1:5555 gunicorn -c examples/gunicorn.conf.py --chdir examples webapp:app
 """
 
-from zqsync.contrib.gunicorn import post_fork, worker_exit  # noqa: F401  (gunicorn reads hooks by name)
+from zqsync.contrib.gunicorn import child_exit, post_fork, worker_exit  # noqa: F401  (gunicorn reads hooks by name)
 
 worker_class = "gevent"
 workers = 2

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from typing import Any, Optional, Sequence
 
 from . import settings
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "clients listed in --allow-client-keys; traffic is encrypted")
     worker.add_argument("--allow-client-keys", metavar="DIR",
                         help="directory of the public keys (*.key) of the clients allowed to connect")
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on 127.0.0.1:PORT (needs the 'prometheus' extra); with "
+                        "--processes, the supervisor serves every child's numbers (prometheus multiprocess mode)")
     worker.add_argument("--hwm", type=_positive_int, default=settings.HWM,
                         help=f"receive high-water mark of the jobs and rpc sockets, messages (default: {settings.HWM})")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
@@ -122,6 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
         sub.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
         sub.set_defaults(handler=cmd_call if name == "call" else cmd_enqueue)
+
+    stats = commands.add_parser(
+        "stats", parents=[common], help="show a live worker's counters, task durations and pool stats",
+        description="Ask a worker (over rpc) for its counters: jobs received, succeeded, failed and dropped, "
+        "calls, tasks in flight, task duration percentiles, and the pools of the clients its tasks use. "
+        "Under --processes, one child answers.",
+    )
+    stats.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
+    stats.add_argument("--json", action="store_true", help="print the raw JSON")
+    stats.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the answer (default: 5)")
+    stats.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
+    stats.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
+    stats.set_defaults(handler=cmd_stats)
 
     keygen = commands.add_parser(
         "keygen", parents=[common], help="write a CURVE keypair",
@@ -193,7 +210,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
     registry = load_registry(args.app)
     worker = Worker(registry, bind=args.bind, ready_file=args.ready_file, parent_pid=args.parent_pid,
                     **_worker_options(args), **_curve_options(args))
+    if args.metrics_port:
+        _metrics().serve(args.metrics_port, worker=worker)
     return worker.serve()
+
+
+def _metrics() -> Any:
+    try:
+        from .contrib import prometheus
+    except ImportError as exc:
+        raise SystemExit(
+            f"zqsync worker: --metrics-port needs prometheus_client: pip install 'zqsync[prometheus]' ({exc})"
+        ) from exc
+    return prometheus
 
 
 def _run_supervisor(args: argparse.Namespace) -> int:
@@ -208,11 +237,20 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         registry = load_registry(args.app)
         worker = Worker(registry, bind=args.bind, backend=backend, ready_file=ready_file, parent_pid=parent_pid,
                         **_worker_options(args))
+        if args.metrics_port:
+            _metrics().MetricsSync(worker).start()
         return worker.serve()
+
+    on_child_exit = None
+    if args.metrics_port:
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="zqsync-metrics-"))
+        metrics = _metrics()
+        metrics.start_exporter(args.metrics_port)
+        on_child_exit = metrics.mark_process_dead
 
     supervisor = Supervisor(serve_child, bind=args.bind, processes=args.processes, parent_pid=args.parent_pid,
                             graceful_timeout=args.graceful_timeout, ready_file=args.ready_file,
-                            **_curve_options(args))
+                            on_child_exit=on_child_exit, **_curve_options(args))
     return supervisor.run()
 
 
@@ -259,6 +297,28 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     with _client(args) as client:
         job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout)
     print(job_id)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        stats = client.call_with_options("zqsync.stats", timeout=args.timeout)
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return 0
+    print(f"worker pid {stats['pid']}, up {stats['uptime']:.0f} s, tasks: {', '.join(stats['tasks'])}")
+    for group in ("jobs", "confirmed", "calls"):
+        fields = {key[len(group) + 1:]: value for key, value in stats.items() if key.startswith(group + "_")}
+        print(f"  {group:10} " + "  ".join(f"{key} {value}" for key, value in fields.items()))
+    print(f"  {'other':10} in_flight {stats['in_flight']}  dropped: malformed {stats['malformed']}  "
+          f"unknown_task {stats['unknown_task']}  timed_out {stats['timed_out']}")
+    for task, summary in sorted(stats["durations"].items()):
+        print(f"  duration {task:20} n={summary['count']:<6} p50 {summary['p50'] * 1e3:.2f} ms  "
+              f"p90 {summary['p90'] * 1e3:.2f} ms  p99 {summary['p99'] * 1e3:.2f} ms")
+    for index, client in enumerate(stats["clients"]):
+        pools = "  ".join(f"{name}: opened {client[name]['opened']} reused {client[name]['reused']}"
+                          for name in ("push", "dealer"))
+        print(f"  client {index} in tasks: {pools}")
     return 0
 
 

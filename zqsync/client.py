@@ -370,10 +370,15 @@ def call(task: str, *args: Any, **kwargs: Any) -> Any:
     return default_client().call(task, *args, **kwargs)
 
 
+def all_clients() -> list[Client]:
+    """Every client built in this process and not garbage-collected (for metrics)."""
+    return list(_clients)
+
+
 def close_all(*, linger: Optional[float] = None) -> None:
     """Close every client of this process (for gunicorn's ``worker_exit``).
 
     :param linger: seconds each may spend flushing queued jobs.
     """
-    for client in list(_clients):
+    for client in all_clients():
         client.close(linger=linger)

@@ -2,7 +2,7 @@
 
 Import them into your ``gunicorn.conf.py``::
 
-    from zqsync.contrib.gunicorn import post_fork, worker_exit  # noqa: F401
+    from zqsync.contrib.gunicorn import child_exit, post_fork, worker_exit  # noqa: F401
     worker_class = "gevent"
 
 zqsync's pools already rebuild themselves in each forked worker (an
@@ -28,8 +28,20 @@ EXIT_LINGER = 1.0
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """gunicorn ``post_fork`` hook: note that this worker builds its own sockets."""
+    """gunicorn ``post_fork`` hook: log, and export metrics when ``PROMETHEUS_MULTIPROC_DIR`` is set."""
     log.debug("gunicorn worker %d forked; zqsync opens its own sockets on first use", os.getpid())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from .prometheus import MetricsSync
+
+        MetricsSync().start()
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn ``child_exit`` hook (runs in the master): forget a dead worker's live gauges."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from .prometheus import mark_process_dead
+
+        mark_process_dead(worker.pid)
 
 
 def worker_exit(server: Any, worker: Any) -> None:

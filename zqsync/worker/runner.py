@@ -9,6 +9,7 @@ module raises and swallows; any other timeout propagates.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from typing import Any, Callable, Optional, Union
 
@@ -16,6 +17,7 @@ import gevent
 
 from .. import protocol
 from ..errors import ProtocolError
+from .durations import Durations
 from .registry import Registry, Task
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class Runner:
         self.builtins = dict(builtins or {})
         self.confirm = confirm
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.durations = Durations()
 
     def decode_job(self, frame: bytes) -> Optional[tuple[Task, protocol.Request]]:
         """Decode a job frame; ``None`` (counted and logged) if malformed or for an unknown task."""
@@ -139,6 +142,7 @@ class Runner:
         """
         self.counters["in_flight"] += 1
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
+        started = time.perf_counter()
         try:
             result = task.fn(*request.args, **request.kwargs)
         except gevent.Timeout as ex:
@@ -151,4 +155,5 @@ class Runner:
         finally:
             timer.close()
             self.counters["in_flight"] -= 1
+            self.durations.record(task.name, time.perf_counter() - started)
         return True, result

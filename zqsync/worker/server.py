@@ -34,6 +34,7 @@ import zmq.utils.monitor
 
 from .. import settings
 from ..auth import GeventAuthenticator
+from ..client import all_clients
 from ..errors import ConfigurationError
 from ..protocol import MAX_MESSAGE_SIZE, encode_error
 from .binding import bind_pair
@@ -308,8 +309,11 @@ class Worker:
             ``in_flight``), ``pid``, ``uptime`` (seconds), ``tasks`` (names),
             ``identities_by_pid``: ``{client pid: distinct socket identities
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
-            and, when the worker binds its own sockets, ``connections_jobs`` /
-            ``connections_rpc``: TCP connections accepted since start.
+            when the worker binds its own sockets, ``connections_jobs`` /
+            ``connections_rpc``: TCP connections accepted since start;
+            ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
+            seconds over recent runs; and ``clients``: the stats of the
+            zqsync clients that tasks in this process use.
         """
         by_pid: collections.Counter[str] = collections.Counter()
         for identity in self.identities:
@@ -323,4 +327,6 @@ class Worker:
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
             **self.connections,
+            "durations": self.runner.durations.percentiles(),
+            "clients": [client.stats() for client in all_clients()],
         }

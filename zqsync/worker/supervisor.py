@@ -70,6 +70,7 @@ class Supervisor:
     :param boot_timeout: seconds a child may take to become ready.
     :param parent_pid: if given, shut down (warm) once this process is no
         longer the supervisor's parent.
+    :param on_child_exit: called with the pid of every child that exited.
     :param curve_secret_key: make the public sockets CURVE servers (see ``auth.py``).
     :param allow_client_keys: directory of allowed client public keys.
     """
@@ -84,6 +85,7 @@ class Supervisor:
         ready_file: Optional[str] = None,
         boot_timeout: float = 60.0,
         parent_pid: Optional[int] = None,
+        on_child_exit: Optional[Callable[[int], None]] = None,
         curve_secret_key: Optional[str] = None,
         allow_client_keys: Optional[str] = None,
     ) -> None:
@@ -96,6 +98,7 @@ class Supervisor:
         self.ready_file = ready_file
         self.boot_timeout = boot_timeout
         self.parent_pid = parent_pid
+        self.on_child_exit = on_child_exit
         self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
         self._authenticator: Any = None
         self.endpoint = ""
@@ -185,6 +188,8 @@ class Supervisor:
             child = self.children.pop(pid, None)
             if child is None:
                 continue
+            if self.on_child_exit is not None:
+                self.on_child_exit(pid)
             code = os.waitstatus_to_exitcode(status)
             if not child.booted and not os.path.exists(child.ready_file):
                 log.error("worker child %d (pid %d) exited with status %s before it finished booting; "

@@ -1,0 +1,159 @@
+"""Prometheus metrics for clients and workers (``prometheus_client``, extra ``prometheus``).
+
+zqsync keeps its own counters (``Client.stats()``, ``SocketPool.stats()``,
+the worker's ``zqsync.stats``); nothing here touches the hot path. A
+:class:`MetricsSync` mirrors those counters into ``prometheus_client``
+metrics every ``interval`` seconds, and task durations feed a histogram as
+tasks finish.
+
+Because it uses ordinary metric objects, it works in ``prometheus_client``'s
+multiprocess mode too: that is what a gunicorn app and a prefork worker use.
+
+* One process: ``serve(port)`` starts an HTTP exporter and the sync.
+* gunicorn: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before
+  starting gunicorn. ``zqsync.contrib.gunicorn.post_fork`` then starts the
+  sync in every worker and ``child_exit`` marks dead workers; serve
+  :func:`multiprocess_text` from a view (see the README).
+* ``zqsync worker --metrics-port PORT``: one process serves directly; with
+  ``--processes`` the supervisor serves the children's numbers in
+  multiprocess mode.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import multiprocess as _multiprocess
+from prometheus_client.exposition import generate_latest
+
+from ..client import all_clients
+
+PREFIX = "zqsync"
+
+#: Client.stats() keys mirrored as counters.
+CLIENT_COUNTERS = ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts")
+#: SocketPool.stats() keys mirrored as counters (labelled by pool).
+POOL_COUNTERS = ("opened", "reused", "discarded_poisoned", "discarded_full", "waits", "wait_seconds",
+                 "stale_replies", "forks_detected", "swept")
+POOL_GAUGES = ("open", "in_flight")
+#: Worker counter keys mirrored as counters; ``in_flight`` is a gauge.
+WORKER_COUNTERS = ("jobs_received", "jobs_succeeded", "jobs_failed", "jobs_retried", "jobs_dead",
+                   "confirmed_received", "confirmed_duplicates", "calls_received", "calls_succeeded",
+                   "calls_failed", "timed_out", "unknown_task", "malformed")
+DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class MetricsSync:
+    """Mirrors zqsync's counters into ``prometheus_client`` metrics.
+
+    :param worker: a :class:`zqsync.worker.server.Worker` whose counters and
+        task durations to export, or ``None`` for a client-only process.
+    :param registry: where the metrics live (default: the global registry).
+    """
+
+    def __init__(self, worker: Any = None, *, registry: CollectorRegistry = REGISTRY) -> None:
+        self.worker = worker
+        self._last: dict[tuple, float] = {}
+        self._counters: dict[str, Counter] = {}
+        self._gauges: dict[str, Gauge] = {}
+        self._define(registry)
+        if worker is not None:
+            worker.runner.durations.listeners.append(self._observe)
+
+    def _define(self, registry: CollectorRegistry) -> None:
+        for key in CLIENT_COUNTERS:
+            self._counters[f"client_{key}"] = Counter(f"{PREFIX}_client_{key}", f"Client {key}", registry=registry)
+        for key in POOL_COUNTERS:
+            self._counters[f"pool_{key}"] = Counter(f"{PREFIX}_pool_{key}", f"Socket pool {key}", ["pool"],
+                                                    registry=registry)
+        for key in POOL_GAUGES:
+            self._gauges[f"pool_{key}"] = Gauge(f"{PREFIX}_pool_sockets_{key}", f"Pooled sockets {key}", ["pool"],
+                                                multiprocess_mode="livesum", registry=registry)
+        if self.worker is None:
+            return
+        for key in WORKER_COUNTERS:
+            self._counters[f"worker_{key}"] = Counter(f"{PREFIX}_worker_{key}", f"Worker {key}", registry=registry)
+        self._gauges["worker_in_flight"] = Gauge(f"{PREFIX}_worker_in_flight", "Tasks running now",
+                                                 multiprocess_mode="livesum", registry=registry)
+        self._histogram = Histogram(f"{PREFIX}_task_duration_seconds", "Task run time", ["task"],
+                                    buckets=DURATION_BUCKETS, registry=registry)
+
+    def _observe(self, task: str, seconds: float) -> None:
+        self._histogram.labels(task=task).observe(seconds)
+
+    def _count(self, name: str, value: float, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        delta = value - self._last.get(key, 0.0)
+        self._last[key] = value
+        metric = self._counters[name]
+        (metric.labels(**labels) if labels else metric).inc(delta if delta >= 0 else value)
+
+    def update(self) -> None:
+        """Read the current counters and bring the metrics up to date."""
+        totals: dict[str, float] = dict.fromkeys(CLIENT_COUNTERS, 0)
+        pools: dict[str, dict[str, float]] = {"push": {}, "dealer": {}}
+        for client in all_clients():
+            stats = client.stats()
+            for key in CLIENT_COUNTERS:
+                totals[key] += stats[key]
+            for pool in pools:
+                for key, value in stats[pool].items():
+                    pools[pool][key] = pools[pool].get(key, 0) + value
+        for key, value in totals.items():
+            self._count(f"client_{key}", value)
+        for pool, stats in pools.items():
+            for key in POOL_COUNTERS:
+                self._count(f"pool_{key}", stats.get(key, 0), pool=pool)
+            for key in POOL_GAUGES:
+                self._gauges[f"pool_{key}"].labels(pool=pool).set(stats.get(key, 0))
+        if self.worker is not None:
+            counters = self.worker.runner.counters
+            for key in WORKER_COUNTERS:
+                self._count(f"worker_{key}", counters[key])
+            self._gauges["worker_in_flight"].set(counters["in_flight"])
+
+    def start(self, interval: float = 1.0) -> "MetricsSync":
+        """Update every ``interval`` seconds from a daemon thread (a greenlet when monkey-patched)."""
+
+        def loop() -> None:
+            while True:
+                self.update()
+                time.sleep(interval)
+
+        threading.Thread(target=loop, name="zqsync-metrics", daemon=True).start()
+        return self
+
+
+def multiprocess_registry() -> CollectorRegistry:
+    """A registry that sums every process's numbers (needs ``PROMETHEUS_MULTIPROC_DIR``)."""
+    registry = CollectorRegistry()
+    _multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
+def multiprocess_text() -> bytes:
+    """The exposition text of every process's numbers, for a ``/metrics`` view in a gunicorn app."""
+    return generate_latest(multiprocess_registry())
+
+
+def mark_process_dead(pid: int) -> None:
+    """Forget a dead process's live gauges (gunicorn ``child_exit``, the prefork supervisor)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _multiprocess.mark_process_dead(pid)
+
+
+def start_exporter(port: int, *, addr: str = "127.0.0.1") -> None:
+    """Serve metrics over HTTP on ``addr:port``: this process's, or in multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR`` set) the sum over every process."""
+    registry = multiprocess_registry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else REGISTRY
+    start_http_server(port, addr=addr, registry=registry)
+
+
+def serve(port: int, *, worker: Any = None, interval: float = 1.0, addr: str = "127.0.0.1") -> MetricsSync:
+    """:func:`start_exporter`, plus the sync of this process's counters every ``interval`` seconds."""
+    start_exporter(port, addr=addr)
+    return MetricsSync(worker).start(interval)
