@@ -30,7 +30,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import time
 import weakref
 from typing import Any, Optional
 
@@ -38,6 +37,7 @@ import zmq
 
 from . import transport
 from .errors import Congested
+from .logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,7 @@ class CongestionState:
         self._marked: set[Any] = set()
         self._tried: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
         self.drops = 0
-        self._unlogged: dict[Any, int] = {}
-        self._logged_at: dict[Any, float] = {}
+        self._log = RateLimitedLog(log, DROP_LOG_INTERVAL)
 
     def is_marked(self, address: Any) -> bool:
         """Whether ``address`` is currently marked congested in this process."""
@@ -120,15 +119,7 @@ class CongestionState:
 
     def _dropped(self, address: Any) -> None:
         self.drops += 1
-        self._unlogged[address] = self._unlogged.get(address, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at.get(address, -DROP_LOG_INTERVAL) >= DROP_LOG_INTERVAL:
-            self._logged_at[address] = now
-            log.warning(
-                "dropped %d job(s) for %s: worker congested or absent (CongestionControl.DROP)",
-                self._unlogged.pop(address),
-                address,
-            )
+        self._log.warning(address, "dropped a job for %s: worker congested or absent (CongestionControl.DROP)", address)
 
 
 #: The process-wide state every client shares.

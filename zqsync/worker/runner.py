@@ -17,6 +17,7 @@ import gevent
 
 from .. import protocol
 from ..errors import ProtocolError
+from ..logs import RateLimitedLog
 from .durations import Durations
 from .registry import Registry, Task
 
@@ -66,6 +67,7 @@ class Runner:
         self.confirm = confirm
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.durations = Durations()
+        self._log = RateLimitedLog(log)
 
     def decode_job(self, frame: bytes) -> Optional[tuple[Task, protocol.Request]]:
         """Decode a job frame; ``None`` (counted and logged) if malformed or for an unknown task."""
@@ -73,13 +75,13 @@ class Runner:
             request = protocol.decode_request(frame)
         except ProtocolError as exc:
             self.counters["malformed"] += 1
-            log.warning("dropped a malformed job frame: %s", exc)
+            self._log.warning("malformed", "dropped a malformed job frame: %s", exc)
             return None
         self.counters["jobs_received"] += 1
         task = self.registry.get(request.task)
         if task is None:
             self.counters["unknown_task"] += 1
-            log.warning("dropped job %s: unknown task %r", request.id, request.task)
+            self._log.warning(("unknown", request.task), "dropped job %s: unknown task %r", request.id, request.task)
             return None
         return task, request
 
