@@ -29,18 +29,17 @@ rule numbers below refer to it.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import os
 import secrets
 import time
 import warnings
-import weakref
 from typing import Any, Optional, Union
 
 import greenlet
 import zmq
 
+from . import lifecycle
 from .errors import PoolError
 from .owner import Owner, current_owner
 from .permits import native_lock, new_permits
@@ -48,13 +47,8 @@ from .settings import ClientSettings
 
 Address = Union[str, tuple]
 
-#: Pools alive in this process, for the fork hook and interpreter exit.
-_pools: "weakref.WeakSet[SocketPool]" = weakref.WeakSet()
 #: greenlet -> pool, for every lease in progress (nested-lease detection).
 _holders: dict[Any, "SocketPool"] = {}
-#: Sockets and contexts inherited across fork: kept referenced, never closed.
-_orphans: list[Any] = []
-_hook_installed = False
 
 
 class ZqsyncWarning(RuntimeWarning):
@@ -124,8 +118,7 @@ class SocketPool:
         self._doomed: list[Any] = []
         self._reset_state(os.getpid())
         self._check_budget(peers)
-        _install_hooks()
-        _pools.add(self)
+        lifecycle.track(self, on_fork=_holders.clear)
 
     # -- state -------------------------------------------------------------
 
@@ -146,12 +139,12 @@ class SocketPool:
         me = greenlet.getcurrent()
         doomed = [holder for holder in self._leased.values() if holder is not me]
         for bucket in self._idle.values():
-            _orphans.extend(bucket)
+            lifecycle.orphans.extend(bucket)
         for sock in list(self._leased) + [s for b in self._idle.values() for s in b]:
-            _silence(sock)
-        _orphans.extend(self._leased)
+            lifecycle.silence(sock)
+        lifecycle.orphans.extend(self._leased)
         if self._context is not None:
-            _orphans.append(self._context)
+            lifecycle.orphans.append(self._context)
         self._lock = native_lock()
         self._doomed = doomed
         self._reset_state(os.getpid())
@@ -380,7 +373,7 @@ class SocketPool:
             for key in [k for k in self._permits if k[0] == owner_key]:
                 del self._permits[key]
                 for sock in self._idle.pop(key, []):
-                    _close_foreign(sock, self._linger_ms)
+                    lifecycle.close_foreign(sock, self._linger_ms)
                     self._live -= 1
                     self._stats["swept"] += 1
 
@@ -426,7 +419,7 @@ class SocketPool:
             if in_flight == 0:
                 self._context = None
         for sock in idle:
-            _close_foreign(sock, linger_ms)
+            lifecycle.close_foreign(sock, linger_ms)
         if context is not None and in_flight == 0:
             context.term()
 
@@ -459,46 +452,3 @@ class Lease:
                 self._pool._discard(self.socket, self._pid)
         finally:
             self._permits.release()
-
-
-def _silence(sock: zmq.Socket) -> None:
-    """Stop a green socket's event watcher without any libzmq call (child side of a fork)."""
-    watcher = getattr(sock, "_state_event", None)
-    if watcher is not None:
-        try:
-            watcher.stop()
-        except Exception:  # a watcher of a loop already gone: nothing to stop
-            pass
-
-
-def _close_foreign(sock: zmq.Socket, linger_ms: int) -> None:
-    """Close a socket possibly created under another (maybe destroyed) hub."""
-    _silence(sock)
-    if hasattr(sock, "_state_event"):
-        sock._state_event = None
-    zmq.Socket.close(sock, linger=linger_ms)
-
-
-def _after_fork_in_child() -> None:
-    _holders.clear()
-    for pool in list(_pools):
-        if pool._pid != os.getpid():
-            pool._after_fork_in_child()
-
-
-def _close_all_at_exit() -> None:
-    for pool in list(_pools):
-        if pool._pid == os.getpid():
-            try:
-                pool.close()
-            except Exception:  # interpreter exit: nothing useful left to raise to
-                pass
-
-
-def _install_hooks() -> None:
-    global _hook_installed
-    if _hook_installed:
-        return
-    _hook_installed = True
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-    atexit.register(_close_all_at_exit)

@@ -1,0 +1,75 @@
+"""Process-wide lifecycle of socket pools: fork and interpreter exit (DESIGN.md, pool rules 9 and 11).
+
+Every :class:`~zqsync.pool.SocketPool` registers here. After ``fork`` the
+child resets each pool, and sockets or contexts inherited from the parent are
+kept referenced in :data:`orphans`, never closed: a close in the child would
+write into the parent's I/O thread mailbox (pyzmq's pid guard would skip it
+anyway, but nothing here relies on garbage collection order). At interpreter
+exit every pool of this process is closed with its bounded linger.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from typing import Any, Callable
+
+import zmq
+
+#: Pools alive in this process.
+pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
+#: Sockets and contexts inherited across fork: kept referenced, never closed.
+orphans: list[Any] = []
+_fork_callbacks: list[Callable[[], None]] = []
+_installed = False
+
+
+def track(pool: Any, *, on_fork: Callable[[], None] | None = None) -> None:
+    """Register ``pool`` (it must have ``_pid``, ``_after_fork_in_child()`` and ``close()``).
+
+    :param on_fork: also run once in every forked child, before the pools reset.
+    """
+    global _installed
+    if not _installed:
+        _installed = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        atexit.register(_close_all_at_exit)
+    if on_fork is not None and on_fork not in _fork_callbacks:
+        _fork_callbacks.append(on_fork)
+    pools.add(pool)
+
+
+def silence(sock: zmq.Socket) -> None:
+    """Stop a green socket's event watcher without any libzmq call (child side of a fork)."""
+    watcher = getattr(sock, "_state_event", None)
+    if watcher is not None:
+        try:
+            watcher.stop()
+        except Exception:  # a watcher of a loop already gone: nothing to stop
+            pass
+
+
+def close_foreign(sock: zmq.Socket, linger_ms: int) -> None:
+    """Close a socket possibly created under another (maybe destroyed) hub, bypassing its watcher."""
+    silence(sock)
+    if hasattr(sock, "_state_event"):
+        sock._state_event = None
+    zmq.Socket.close(sock, linger=linger_ms)
+
+
+def _after_fork_in_child() -> None:
+    for callback in _fork_callbacks:
+        callback()
+    for pool in list(pools):
+        if pool._pid != os.getpid():
+            pool._after_fork_in_child()
+
+
+def _close_all_at_exit() -> None:
+    for pool in list(pools):
+        if pool._pid == os.getpid():
+            try:
+                pool.close()
+            except Exception:  # interpreter exit: nothing useful left to raise to
+                pass
