@@ -1,4 +1,4 @@
-"""The ``zqsync`` command: worker, call, enqueue, demo.
+"""The ``zqsync`` command: worker, call, enqueue, demo, bench.
 
 Each subcommand is a small function; ``main`` only parses and dispatches.
 """
@@ -161,6 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-preload", action="store_true", help="start gunicorn without --preload")
     demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole demo may take (default: 120)")
     demo.set_defaults(handler=cmd_demo)
+
+    bench = commands.add_parser(
+        "bench", parents=[common], help="run the side-by-side benchmark suite (from a checkout)",
+        description="Run benchmarks/ from the zqsync checkout: each comparison against its peer (raw pyzmq, "
+        "per-request sockets, zerorpc, RQ, gunicorn without zqsync) measured in the same run, reported as "
+        "one markdown table. Peers that are not installed are reported as skipped, with how to install them.",
+    )
+    sizes = bench.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="smaller counts: the whole suite in under 2 minutes")
+    sizes.add_argument("--smoke", action="store_true", help="tiny counts: checks every scenario runs; no real figures")
+    bench.add_argument("--json", metavar="FILE", help="also write every scenario's rows and the machine to FILE")
+    bench.add_argument("--plot", metavar="FILE.png", help="also draw latency distributions and ratios (needs matplotlib)")
+    bench.add_argument("--only", action="append", metavar="NAME",
+                       help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, fork, gunicorn)")
+    bench.set_defaults(handler=cmd_bench, log_level="warning")
     return parser
 
 
@@ -337,6 +352,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
         requests=args.requests, concurrency=args.concurrency, web_workers=args.web_workers,
         preload=not args.no_preload, timeout=args.timeout,
     )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .demo import find_root
+    from .processes import ProcessFailed
+
+    try:
+        root = find_root()
+    except ProcessFailed:
+        raise SystemExit("zqsync bench: run it from a zqsync checkout (it needs benchmarks/, workers/ and "
+                         "examples/); it is not installed with the package") from None
+    if not os.path.isfile(os.path.join(root, "benchmarks", "suite.py")):
+        raise SystemExit(f"zqsync bench: {root} has no benchmarks/suite.py")
+    sys.path.insert(0, root)
+    from benchmarks import suite
+
+    size = "quick" if args.quick else "smoke" if args.smoke else "full"
+    command = " ".join(["zqsync bench", *(["--" + size] if size != "full" else []),
+                        *(f"--only {name}" for name in args.only or [])])
+    return suite.run(size=size, only=args.only or (), json_path=args.json, plot_path=args.plot, command=command)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -116,14 +116,20 @@ class Journal:
         self._db.execute("COMMIT")
         return result
 
-    def add(self, jobs: Iterable[tuple[str, str, bytes]], *, owner_pid: int) -> list[bool]:
-        """Journal ``(id, task, body)`` jobs in one transaction (group commit).
+    def write(
+        self, jobs: Iterable[tuple[str, str, bytes]], outcomes: Iterable[Outcome] = (), *, owner_pid: int
+    ) -> list[bool]:
+        """In one transaction (group commit): journal new ``(id, task, body)`` jobs and store attempt outcomes.
 
         :returns: per job, ``True`` if it is new, ``False`` if its id was already journaled.
         """
         now = time.time()
 
-        def insert(db: sqlite3.Connection) -> list[bool]:
+        def apply(db: sqlite3.Connection) -> list[bool]:
+            db.executemany(
+                "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, updated_at = ? WHERE id = ?",
+                [(o.state, o.attempts, o.next_at, o.error, now, o.id) for o in outcomes],
+            )
             return [
                 db.execute(
                     "INSERT OR IGNORE INTO jobs (id, task, body, state, owner_pid, created_at, updated_at)"
@@ -133,15 +139,7 @@ class Journal:
                 for job_id, task, body in jobs
             ]
 
-        return self._transaction(insert)
-
-    def record(self, outcomes: Iterable[Outcome]) -> None:
-        """Store the outcome of attempts, in one transaction."""
-        now = time.time()
-        self._transaction(lambda db: db.executemany(
-            "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, updated_at = ? WHERE id = ?",
-            [(o.state, o.attempts, o.next_at, o.error, now, o.id) for o in outcomes],
-        ))
+        return self._transaction(apply)
 
     def claim_orphans(self, owner_pid: int, is_alive: Callable[[int], bool]) -> list[Row]:
         """Take over the pending jobs of processes that no longer exist.

@@ -207,10 +207,8 @@ class JobScheduler:
             adds = [(item, result) for op, item, result in batch if op == "add"]
             records = [item for op, item, _ in batch if op == "record"]
             try:
-                if records:
-                    pool.apply(journal.record, (records,))
-                if adds:
-                    fresh = pool.apply(journal.add, ([item for item, _ in adds],), {"owner_pid": os.getpid()})
+                if adds or records:
+                    fresh = pool.apply(journal.write, ([item for item, _ in adds], records), {"owner_pid": os.getpid()})
                     for (_, result), new in zip(adds, fresh):
                         result.set(new)
             except Exception as exc:  # the journal is unusable: fail these acks, keep serving calls
