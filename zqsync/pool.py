@@ -89,20 +89,16 @@ class SocketPool:
         options: Optional[dict[int, Any]] = None,
         settings: Optional[ClientSettings] = None,
     ) -> None:
-        base = settings or ClientSettings.from_env()
-        resolved = ClientSettings.from_env(
-            env={},
-            pool_size=maxsize if maxsize is not None else base.pool_size,
-            lease_timeout=lease_timeout if lease_timeout is not None else base.lease_timeout,
-            linger=linger if linger is not None else base.linger,
-            hwm=hwm if hwm is not None else base.hwm,
-            max_sockets=max_sockets if max_sockets is not None else base.max_sockets,
+        resolved = (settings or ClientSettings.from_env()).with_overrides(
+            pool_size=maxsize, lease_timeout=lease_timeout, linger=linger, hwm=hwm, max_sockets=max_sockets
         )
         self.socket_type = socket_type
         self.maxsize = resolved.pool_size
         self.lease_timeout = resolved.lease_timeout
         self.max_sockets = resolved.max_sockets
         self._linger_ms = int(resolved.linger * 1000)
+        self._heartbeat_ms = int(resolved.heartbeat * 1000)
+        self._connect_timeout_ms = int(resolved.connect_timeout * 1000)
         self._hwm = resolved.hwm
         self._options = dict(options or {})
         self._lock = native_lock()
@@ -316,6 +312,16 @@ class SocketPool:
         # being queued and delivered, stale, much later; and with several
         # endpoints, messages go only to the ones that are up.
         sock.setsockopt(zmq.IMMEDIATE, 1)
+        # A peer that vanished without a FIN (a cut link, a dead host) is
+        # noticed by ZMTP heartbeats in about three intervals, so messages
+        # stop going into its dead connection; and a connect attempt is
+        # abandoned and redialled after connect_timeout instead of waiting
+        # out the kernel's growing SYN retry delay.
+        if self._heartbeat_ms:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self._heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * self._heartbeat_ms)
+        if self._connect_timeout_ms:
+            sock.setsockopt(zmq.CONNECT_TIMEOUT, self._connect_timeout_ms)
         # The identity names the process, so a peer can count sockets per process.
         sock.setsockopt(zmq.IDENTITY, f"zq-{os.getpid()}-{secrets.token_hex(4)}".encode())
         for option, value in self._options.items():

@@ -23,6 +23,7 @@ and nothing else. Task arguments and results must be msgpack-serialisable:
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, NamedTuple
 
 import msgpack
@@ -80,15 +81,25 @@ def _unpack(data: bytes, max_size: int) -> dict[str, Any]:
         raise ProtocolError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from exc
     if not isinstance(message, dict):
         raise ProtocolError(f"frame must hold a map, got {type(message).__name__}")
-    if message.get("v") != VERSION:
-        raise ProtocolError(f"unsupported protocol version {message.get('v')!r} (this side speaks {VERSION})")
+    version = message.get("v")
+    if type(version) is not int or version != VERSION:  # True == 1 and 1.0 == 1 in Python: check the type
+        raise ProtocolError(f"unsupported protocol version {_short(version)} (this side speaks {VERSION})")
     return message
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 60, 60
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for error messages: never deep, never long, whatever a peer sent."""
+    return _REPR.repr(value)
 
 
 def _check_str(message: dict[str, Any], field: str, limit: int) -> str:
     value = message.get(field)
     if not isinstance(value, str) or not value or len(value) > limit:
-        raise ProtocolError(f"field {field!r} must be a non-empty str of at most {limit} characters, got {value!r:.80}")
+        raise ProtocolError(f"field {field!r} must be a non-empty str of at most {limit} characters, got {_short(value)}")
     return value
 
 
@@ -117,7 +128,7 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
     _check_str(message, "id", MAX_ID)
     kind = message.get("kind")
     if kind not in KINDS:
-        raise ProtocolError(f"field 'kind' must be one of {KINDS}, got {kind!r:.80}")
+        raise ProtocolError(f"field 'kind' must be one of {KINDS}, got {_short(kind)}")
     task = _check_str(message, "task", MAX_TASK_NAME)
     args = message.get("args", [])
     kwargs = message.get("kwargs", {})
@@ -136,7 +147,7 @@ def _check_depth(value: Any) -> None:
     while stack:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ProtocolError(f"arguments nest deeper than {MAX_DEPTH} levels")
+            raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels")
         if isinstance(item, list):
             stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, dict):
@@ -170,9 +181,13 @@ def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
     if not (ok is False and message.get("id") == ""):  # "": the worker could not read our request's id
         _check_str(message, "id", MAX_ID)
     if ok is True:
-        return Reply(message["id"], True, message.get("result"), None)
+        result = message.get("result")
+        _check_depth(result)
+        return Reply(message["id"], True, result, None)
     error = message.get("error")
     if ok is not False or not isinstance(error, dict):
         raise ProtocolError("reply must carry ok=true with a result, or ok=false with an error map")
-    fields = {name: str(error.get(name, "")) for name in ("type", "message", "traceback")}
+    fields = {name: error.get(name, "") for name in ("type", "message", "traceback")}
+    if not all(isinstance(value, str) for value in fields.values()):
+        raise ProtocolError("error fields type, message and traceback must be str")
     return Reply(message["id"], False, None, fields)

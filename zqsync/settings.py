@@ -19,6 +19,8 @@ environment variable       field                    unit         default
 ``ZQSYNC_LINGER``          linger                   seconds      1.0
 ``ZQSYNC_HWM``             hwm                      messages     1000
 ``ZQSYNC_MAX_SOCKETS``     max_sockets              sockets      4096
+``ZQSYNC_HEARTBEAT``       heartbeat (0: off)       seconds      1.0
+``ZQSYNC_CONNECT_TIMEOUT`` connect_timeout (0: OS)  seconds      2.0
 ========================== ======================== ============ ===========
 """
 
@@ -41,6 +43,8 @@ WAIT_BEFORE_DROP = 0.001
 LINGER = 1.0
 HWM = 1000
 MAX_SOCKETS = 4096
+HEARTBEAT = 1.0
+CONNECT_TIMEOUT = 2.0
 
 #: Worker defaults.
 CONCURRENCY = 100
@@ -90,6 +94,8 @@ class ClientSettings:
     linger: float = LINGER
     hwm: int = HWM
     max_sockets: int = MAX_SOCKETS
+    heartbeat: float = HEARTBEAT
+    connect_timeout: float = CONNECT_TIMEOUT
 
     _ENV = {
         "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
@@ -103,6 +109,8 @@ class ClientSettings:
         "linger": ("ZQSYNC_LINGER", _seconds),
         "hwm": ("ZQSYNC_HWM", lambda n, v: _positive_int(n, v, 0)),
         "max_sockets": ("ZQSYNC_MAX_SOCKETS", lambda n, v: _positive_int(n, v, 1)),
+        "heartbeat": ("ZQSYNC_HEARTBEAT", _seconds),
+        "connect_timeout": ("ZQSYNC_CONNECT_TIMEOUT", _seconds),
     }
 
     @classmethod
@@ -126,6 +134,11 @@ class ClientSettings:
         if overrides:
             raise ConfigurationError(f"unknown settings: {sorted(overrides)}")
         return cls(**values)
+
+    def with_overrides(self, **overrides: Any) -> "ClientSettings":
+        """A copy with the given fields replaced (``None`` means "keep"), checked like :meth:`from_env`."""
+        merged = {**dataclasses.asdict(self), **{key: value for key, value in overrides.items() if value is not None}}
+        return ClientSettings.from_env(env={}, **merged)
 
 
 def default_endpoint(env: Mapping[str, str] | None = None) -> list[str]:

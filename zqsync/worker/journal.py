@@ -24,6 +24,8 @@ import sqlite3
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
+from ..permits import native_lock
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -81,7 +83,9 @@ class Journal:
     :param busy_timeout: seconds to wait for another process's write lock.
 
     Blocking (plain ``sqlite3``); a gevent worker calls it from its thread
-    pool. One caller at a time.
+    pool, from more than one thread at a time, so every use of the one
+    connection is serialised by a lock (a transaction begun by one thread
+    must never be committed by another).
     """
 
     def __init__(self, state_dir: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0) -> None:
@@ -90,6 +94,7 @@ class Journal:
         os.makedirs(state_dir, exist_ok=True)
         self.path = journal_path(state_dir)
         self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        self._lock = native_lock()
         self._setup(synchronous.upper(), time.monotonic() + busy_timeout)
 
     def _setup(self, synchronous: str, deadline: float) -> None:
@@ -107,14 +112,15 @@ class Journal:
                 time.sleep(0.05)
 
     def _transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            result = work(self._db)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-        return result
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(self._db)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return result
 
     def write(
         self, jobs: Iterable[tuple[str, str, bytes]], outcomes: Iterable[Outcome] = (), *, owner_pid: int
@@ -166,11 +172,13 @@ class Journal:
         wanted = list(states)
         marks = ",".join("?" for _ in wanted)
         query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at LIMIT ?"
-        return [Row(*row) for row in self._db.execute(query, (*wanted, limit))]
+        with self._lock:
+            return [Row(*row) for row in self._db.execute(query, (*wanted, limit))]
 
     def counts(self) -> dict[str, int]:
         """Number of jobs per state."""
-        return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
+        with self._lock:
+            return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
     def prune(self, older_than: float) -> int:
         """Delete ``done`` rows last updated more than ``older_than`` seconds ago; returns how many."""
@@ -181,4 +189,5 @@ class Journal:
 
     def close(self) -> None:
         """Close the connection."""
-        self._db.close()
+        with self._lock:
+            self._db.close()
