@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"],
         help="logging level for zqsync's own messages (default: info)",
     )
+    curve_client = argparse.ArgumentParser(add_help=False)
+    curve_client.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
+    curve_client.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     worker = commands.add_parser(
@@ -114,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, verb in (("call", "call a task and print its result as JSON"),
                        ("enqueue", "enqueue a job (at most once) and print its job id")):
-        sub = commands.add_parser(name, parents=[common], help=verb, description=verb.capitalize() + ".", epilog=EPILOG)
+        sub = commands.add_parser(name, parents=[common, curve_client], help=verb,
+                                  description=verb.capitalize() + ".", epilog=EPILOG)
         sub.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
         sub.add_argument("task", metavar="TASK", help="registered task name")
         sub.add_argument("args", metavar="ARG", nargs="*", type=_json_or_str,
@@ -123,12 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--timeout", type=_seconds, default=None,
                          help="seconds to wait for the reply (call) or for the worker to take the job (enqueue); "
                          "default ZQSYNC_CALL_TIMEOUT / ZQSYNC_SEND_TIMEOUT")
-        sub.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
-        sub.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
         sub.set_defaults(handler=cmd_call if name == "call" else cmd_enqueue)
 
     stats = commands.add_parser(
-        "stats", parents=[common], help="show a live worker's counters, task durations and pool stats",
+        "stats", parents=[common, curve_client], help="show a live worker's counters, task durations and pool stats",
         description="Ask a worker (over rpc) for its counters: jobs received, succeeded, failed and dropped, "
         "calls, tasks in flight, task duration percentiles, and the pools of the clients its tasks use. "
         "Under --processes, one child answers.",
@@ -136,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
     stats.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the answer (default: 5)")
-    stats.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
-    stats.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
     stats.set_defaults(handler=cmd_stats)
 
     keygen = commands.add_parser(
@@ -366,8 +366,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not os.path.isfile(os.path.join(root, "benchmarks", "suite.py")):
         raise SystemExit(f"zqsync bench: {root} has no benchmarks/suite.py")
     sys.path.insert(0, root)
-    from benchmarks import suite
-
+    suite = importlib.import_module("benchmarks.suite")  # from the checkout, not the installed package
     size = "quick" if args.quick else "smoke" if args.smoke else "full"
     command = " ".join(["zqsync bench", *(["--" + size] if size != "full" else []),
                         *(f"--only {name}" for name in args.only or [])])
