@@ -51,19 +51,21 @@ import zmq
 
 import zqsync
 from benchmarks.bench_pool import (
-    LAYOUTS,
     PAYLOAD,
     REPO_ROOT,
     Env,
     Row,
+    base_parser,
     checked,
     describe,
+    distribution,
     interleaved,
     open_env,
     placed,
     progress,
     render_table,
     running_worker,
+    size_for,
     time_calls,
 )
 from tests.helpers import wait_for
@@ -97,6 +99,9 @@ QUICK = Settings(rounds=5, early_drops=10000, waiting_drops=300, block_timeouts=
                  burst=500, bursts=10, warmup=1000)
 FULL = Settings(rounds=9, early_drops=20000, waiting_drops=1000, block_timeouts=200, block_deadline=0.005,
                 burst=500, bursts=40, warmup=2000)
+#: Every code path once, with tiny counts: for the suite's smoke test, not for figures.
+SMOKE = Settings(rounds=2, early_drops=200, waiting_drops=10, block_timeouts=4, block_deadline=0.005,
+                 burst=100, bursts=2, warmup=100)
 #: Targets: early drop against the no-early-drop baseline, early drop's p99, enqueue against raw pyzmq.
 MIN_EARLY_DROP_SPEEDUP = 100.0
 MAX_EARLY_DROP_P99_US = 50.0
@@ -213,7 +218,8 @@ def stalled_rows(samples: dict[str, list[list[float]]], buffered: dict[str, int]
         rows.append(Row("stalled", f"{name}: enqueue throughput (median round)",
                         statistics.median(throughput[name]), "jobs/s", rounds=throughput[name]))
         rows.append(Row("stalled", f"{name}: enqueue latency p50", statistics.median(latencies), "us",
-                        p99=_p99(latencies), rounds=[statistics.median(one) for one in per_round]))
+                        p99=_p99(latencies), rounds=[statistics.median(one) for one in per_round],
+                        quantiles=distribution(latencies)))
     early, waiting = list(samples)[:2]
     speedups = [a / b for a, b in zip(throughput[early], throughput[waiting])]
     early_latencies = [us for one in samples[early] for us in one]
@@ -345,19 +351,26 @@ def healthy_rows(per_job: dict[str, list[list[float]]], burst: int) -> list[Row]
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line options (``--cpus`` as in ``bench_pool.py``)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cpus", choices=LAYOUTS, default="split",
-                        help="; ".join(f"{name}: {text}" for name, text in LAYOUTS.items()))
-    parser.add_argument("--quick", action="store_true", help="fewer jobs and bursts (well under a minute)")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows, settings and versions to FILE")
+    parser = base_parser(__doc__, 'fewer jobs and bursts (well under a minute)')
     return parser.parse_args(argv)
+
+
+def settings_for(args: argparse.Namespace) -> Settings:
+    """``SMOKE``, ``QUICK`` or ``FULL``, per ``--smoke`` / ``--quick``."""
+    return size_for(args, SMOKE, QUICK, FULL)
+
+
+def rows_for(args: argparse.Namespace) -> list[Row]:
+    """Both phases (see :func:`parse_args` for the options); returns the report's rows. Blocks for the run."""
+    settings = settings_for(args)
+    return measure_stalled(settings, args.cpus) + measure_healthy(settings, args.cpus)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run both phases, print the table, write the JSON; always 0 unless a run failed."""
     args = parse_args(argv)
-    settings = QUICK if args.quick else FULL
-    rows = measure_stalled(settings, args.cpus) + measure_healthy(settings, args.cpus)
+    settings = settings_for(args)
+    rows = rows_for(args)
     if args.json:
         meta = {**describe(settings, args), "fill_payload_bytes": len(FILL_PAYLOAD), "stalled_hwm": int(SMALL_HWM[1]),
                 "wait_before_drop": ClientSettings.from_env().wait_before_drop}

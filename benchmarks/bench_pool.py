@@ -89,6 +89,9 @@ class Settings:
 # worker's identity table (10,000), which the pooled identity count relies on.
 QUICK = Settings(rounds=5, calls=1000, warmup=100, greenlets=300, calls_each=10, concurrent_rounds=3, pool_size=4,
                  watchdog=120.0)
+#: Every code path once, with tiny counts: for the suite's smoke test, not for figures.
+SMOKE = Settings(rounds=2, calls=50, warmup=10, greenlets=300, calls_each=1, concurrent_rounds=1, pool_size=4,
+                 watchdog=60.0)
 FULL = Settings(rounds=5, calls=5000, warmup=500, greenlets=300, calls_each=10, concurrent_rounds=3, pool_size=4,
                 watchdog=900.0)
 #: --cpus choices: where this process and the worker run.
@@ -111,6 +114,15 @@ class Row:
     rounds: Optional[list[float]] = None
     target: Optional[str] = None
     met: Optional[bool] = None
+    #: The distribution behind ``value``: its 0th to 100th percentiles (101 numbers, in ``unit``), for plots.
+    quantiles: Optional[list[float]] = None
+
+
+def distribution(samples: list[float]) -> list[float]:
+    """The 0th, 1st, ..., 100th percentiles of ``samples`` (at least two), rounded to 0.01."""
+    ordered = sorted(samples)
+    inner = statistics.quantiles(ordered, n=100, method="inclusive")
+    return [round(value, 2) for value in (ordered[0], *inner, ordered[-1])]
 
 
 def checked(mode: str, measure: str, value: float, unit: str, op: str, goal: float, **extra: Any) -> Row:
@@ -330,7 +342,8 @@ def sequential_rows(mode: str, samples: dict[str, list[list[float]]]) -> list[Ro
         everything = [us for one_round in per_round for us in one_round]
         rows[name] = Row(mode, f"{name}: call round trip", statistics.median(everything), "us",
                          p99=statistics.quantiles(everything, n=100)[98],
-                         rounds=[statistics.median(one_round) for one_round in per_round])
+                         rounds=[statistics.median(one_round) for one_round in per_round],
+                         quantiles=distribution(everything))
 
     def ratio(top: str, bottom: str, op: str, goal: float) -> Row:
         per_round = [a / b for a, b in zip(rows[top].rounds, rows[bottom].rounds)]
@@ -425,21 +438,38 @@ def run_gevent(settings: Settings, layout: str) -> list[Row]:
         return runner.get(timeout=settings.watchdog)
 
 
-def run_gevent_subprocess(args: argparse.Namespace, settings: Settings) -> list[Row]:
-    """Run this script with ``--gevent`` in a child process and collect its rows."""
+def size_flags(args: argparse.Namespace) -> list[str]:
+    """``--quick`` or ``--smoke`` as given in ``args``, to pass on to a child run."""
+    return ["--quick"] if args.quick else ["--smoke"] if getattr(args, "smoke", False) else []
+
+
+def rows_from_subprocess(script: str, flags: list[str], timeout: float) -> list[Row]:
+    """Run ``script`` with ``flags`` and ``--json FILE`` in a child process; return the rows it wrote.
+
+    The child is stopped by pid (TERM, then KILL) if it runs over ``timeout`` seconds.
+
+    :raises RuntimeError: the child failed or ran over ``timeout``.
+    """
     with tempfile.TemporaryDirectory(prefix="zqsync-bench-") as scratch:
-        rows_path = os.path.join(scratch, "gevent.json")
-        command = [sys.executable, os.path.abspath(__file__), "--gevent", "--cpus", args.cpus, "--json", rows_path]
-        command += ["--quick"] if args.quick else []
-        child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+        rows_path = os.path.join(scratch, "rows.json")
+        child = subprocess.Popen([sys.executable, os.path.abspath(script), *flags, "--json", rows_path],
+                                 cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
         try:
-            child.wait(settings.watchdog + 60.0)  # the child's own watchdog should fire first
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
         finally:
             status = stop_process(child)  # a no-op once it has exited
         if status != 0:
-            raise RuntimeError(f"the gevent-mode run failed with status {status}")
+            raise RuntimeError(f"{os.path.basename(script)} {' '.join(flags)} failed with status {status}")
         with open(rows_path) as handle:
             return [Row(**row) for row in json.load(handle)["rows"]]
+
+
+def run_gevent_subprocess(args: argparse.Namespace, settings: Settings) -> list[Row]:
+    """Run this script with ``--gevent`` in a child process and collect its rows."""
+    # The child's own watchdog should fire first.
+    return rows_from_subprocess(__file__, ["--gevent", "--cpus", args.cpus, *size_flags(args)], settings.watchdog + 60.0)
 
 
 # -- reporting ------------------------------------------------------------------
@@ -474,6 +504,7 @@ def describe(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "settings": dataclasses.asdict(settings),
         "quick": args.quick,
+        "smoke": getattr(args, "smoke", False),
         "cpus_layout": args.cpus,
         "payload_bytes": len(msgpack.packb(PAYLOAD)),
         "python": platform.python_version(),
@@ -484,29 +515,57 @@ def describe(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def base_parser(doc: str, quick_help: str, *, layouts: Optional[dict[str, str]] = None) -> argparse.ArgumentParser:
+    """The options every benchmark module shares: ``--cpus``, ``--quick`` / ``--smoke`` and ``--json``."""
+    layouts = LAYOUTS if layouts is None else layouts
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--cpus", choices=layouts, default="split",
+                        help="; ".join(f"{name}: {text}" for name, text in layouts.items()))
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help=quick_help)
+    sizes.add_argument("--smoke", action="store_true", help="tiny counts: checks that every path runs, no figures")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows, settings and versions to FILE")
+    return parser
+
+
+def size_for(args: argparse.Namespace, smoke: Any, quick: Any, full: Any) -> Any:
+    """``smoke``, ``quick`` or ``full``, per ``--smoke`` / ``--quick``."""
+    return smoke if args.smoke else quick if args.quick else full
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """Command-line options."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller run (under about a minute)")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows and settings to FILE as JSON")
-    parser.add_argument("--cpus", choices=LAYOUTS, default="split",
-                        help="; ".join(f"{name}: {text}" for name, text in LAYOUTS.items()))
+    parser = base_parser(__doc__, "a smaller run (under about a minute)")
     modes = parser.add_mutually_exclusive_group()
     modes.add_argument("--gevent", action="store_true", help="run only gevent mode, in this process (monkey-patched)")
     modes.add_argument("--plain-only", action="store_true", help="skip the gevent-mode subprocess")
     return parser.parse_args(argv)
 
 
+def settings_for(args: argparse.Namespace) -> Settings:
+    """``SMOKE``, ``QUICK`` or ``FULL``, per ``--smoke`` / ``--quick``."""
+    return size_for(args, SMOKE, QUICK, FULL)
+
+
+def rows_for(args: argparse.Namespace) -> list[Row]:
+    """Every mode the options ask for (see :func:`parse_args`); returns the report's rows.
+
+    Blocks for the whole run. ``zqsync bench`` calls it with ``parse_args([...])``.
+    """
+    settings = settings_for(args)
+    if args.gevent:
+        return run_gevent(settings, args.cpus)
+    rows = run_plain(settings, args.cpus)
+    if not args.plain_only:
+        rows += run_gevent_subprocess(args, settings)
+    return rows
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the benchmark, print the table, write the JSON; always 0 unless a run failed."""
     args = parse_args(argv)
-    settings = QUICK if args.quick else FULL
-    if args.gevent:
-        rows = run_gevent(settings, args.cpus)
-    else:
-        rows = run_plain(settings, args.cpus)
-        if not args.plain_only:
-            rows += run_gevent_subprocess(args, settings)
+    settings = settings_for(args)
+    rows = rows_for(args)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"meta": describe(settings, args), "rows": [dataclasses.asdict(row) for row in rows]},

@@ -17,7 +17,8 @@ from flask import Flask, jsonify, request
 
 import zqsync
 
-client = zqsync.Client(os.environ.get("ZQSYNC_ENDPOINT", "tcp://127.0.0.1:5555"))
+ENDPOINT = os.environ.get("ZQSYNC_ENDPOINT", "tcp://127.0.0.1:5555")
+client = zqsync.Client(ENDPOINT)
 app = Flask(__name__)
 
 
@@ -40,6 +41,18 @@ def enqueue_and_call():
 def enqueue_only():
     """Enqueue one ``add`` job."""
     return jsonify(job_id=client.enqueue("add", 1, 1), pid=os.getpid())
+
+
+@app.get("/enqueue-per-request")
+def enqueue_per_request():
+    """Enqueue one ``add`` job through a Client made for this request alone, then closed.
+
+    The anti-pattern the pool replaces (a new context and socket, a new
+    connection, per request), kept for ``zqsync bench`` to compare against.
+    """
+    with zqsync.Client(ENDPOINT) as one_off:
+        job_id = one_off.enqueue("add", 1, 1)
+    return jsonify(job_id=job_id, pid=os.getpid())
 
 
 @app.get("/health")
