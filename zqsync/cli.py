@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png", help="also draw latency distributions and ratios (needs matplotlib)")
     bench.add_argument("--only", action="append", metavar="NAME",
                        help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, fork, gunicorn)")
-    bench.set_defaults(handler=cmd_bench, log_level="warning")
+    bench.set_defaults(handler=cmd_bench)
     return parser
 
 

@@ -80,3 +80,11 @@ def test_bad_endpoint_is_a_clear_error_not_a_traceback():
     result = zqsync_cli("call", "localhost:5555", "add")
     assert result.returncode == 1
     assert "tcp://HOST:PORT" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["worker", "m:r"], ["call", "tcp://h:1", "t"], ["stats", "tcp://h:1"], ["bench"]])
+def test_every_command_logs_at_info_unless_told_otherwise(command):
+    """Regression: a subcommand's own default once leaked into every subcommand through the shared option."""
+    from zqsync.cli import build_parser
+
+    assert build_parser().parse_args(command).log_level == "info"
