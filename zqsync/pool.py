@@ -46,6 +46,8 @@ from .permits import native_lock, new_permits
 from .settings import ClientSettings
 
 Address = Union[str, tuple]
+#: Seconds between two searches for owners that ended (rule 8).
+SWEEP_INTERVAL = 1.0
 
 #: greenlet -> pool, for every lease in progress (nested-lease detection).
 _holders: dict[Any, "SocketPool"] = {}
@@ -123,6 +125,7 @@ class SocketPool:
         self._idle: dict[tuple, list[zmq.Socket]] = {}
         self._permits: dict[tuple, Any] = {}
         self._owners: dict[tuple, Owner] = {}
+        self._next_sweep = 0.0
         self._leased: dict[zmq.Socket, Any] = {}  # socket -> holder greenlet
         self._in_flight = 0
         self._live = 0
@@ -222,6 +225,8 @@ class SocketPool:
             )
         if self._doomed:
             self._kill_copied_greenlets()
+        if len(self._owners) > 1 and time.monotonic() >= self._next_sweep:
+            self._sweep()
         owner = current_owner(pid)
         key = (owner.key, address)
         permits = self._permits.get(key) or self._register(key, owner, address)
@@ -370,6 +375,14 @@ class SocketPool:
             if not sock.closed:
                 self._live -= 1
         sock.close(linger=0)
+
+    def _sweep(self) -> None:
+        # Owners end silently (a thread returns, a hub is destroyed), so look
+        # for dead ones at most every SWEEP_INTERVAL seconds, and whenever a new
+        # owner appears (_register).
+        with self._lock:
+            self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+            self._sweep_dead_owners()
 
     def _sweep_dead_owners(self) -> None:
         """Close the idle sockets of owners that ended. Caller holds the lock."""

@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .errors import ZqsyncError
 
@@ -87,6 +88,8 @@ class WorkerProcess:
         self.log_path = os.path.join(self._dir, "worker.log")
         self.endpoint = ""
         self.proc: Optional[subprocess.Popen] = None
+        self._probe: Optional[tuple[int, Any]] = None
+        self._probe_lock = threading.Lock()
 
     @property
     def pid(self) -> int:
@@ -126,32 +129,47 @@ class WorkerProcess:
 
     def stop(self, *, timeout: float = 15.0, sig: int = signal.SIGTERM) -> Optional[int]:
         """Stop the worker by pid (``sig``, then SIGKILL after ``timeout`` seconds); returns its exit status."""
+        if self._probe is not None and self._probe[0] == os.getpid():
+            self._probe[1].close(linger=0)
+        self._probe = None
         return stop_process(self.proc, timeout=timeout, sig=sig) if self.proc else None
 
     def stats(self, *, timeout: float = 10.0) -> dict:
-        """The worker's ``zqsync.stats``, asked over a throwaway DEALER whose identity
-        starts with ``probe-`` (so it never counts as a client socket).
+        """The worker's ``zqsync.stats``, asked over one persistent DEALER whose identity starts
+        with ``probe-``: it never counts as a client socket, and asking again opens no new
+        connection (so the worker's connection counters see only real clients).
+
+        Thread-safe; a forked child gets a probe of its own.
 
         :raises ProcessFailed: no answer within ``timeout`` seconds.
         """
+        from . import protocol
+
+        with self._probe_lock:
+            sock = self._probe_socket()
+            request_id = os.urandom(8).hex()
+            sock.send(protocol.encode_request("call", request_id, "zqsync.stats"))
+            deadline = time.monotonic() + timeout
+            while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                reply = protocol.decode_reply(sock.recv())
+                if reply.id == request_id:
+                    return reply.result
+            self._probe = None  # a late reply must not confuse the next question
+            sock.close(linger=0)
+            raise ProcessFailed(f"worker {self.endpoint} did not answer zqsync.stats within {timeout} s")
+
+    def _probe_socket(self) -> Any:
         import zmq
 
-        from . import protocol
         from .client import split_endpoint
 
-        context: zmq.Context = zmq.Context.instance()
-        sock = context.socket(zmq.DEALER)
-        try:
+        if self._probe is None or self._probe[0] != os.getpid():
+            sock: Any = zmq.Context.instance().socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IDENTITY, b"probe-" + os.urandom(4).hex().encode())
             sock.connect(split_endpoint(self.endpoint)[1])
-            sock.send(protocol.encode_request("call", "probe", "zqsync.stats"))
-            if not sock.poll(int(timeout * 1000)):
-                raise ProcessFailed(f"worker {self.endpoint} did not answer zqsync.stats within {timeout} s")
-            reply = protocol.decode_reply(sock.recv())
-        finally:
-            sock.close(linger=0)
-        return reply.result
+            self._probe = (os.getpid(), sock)
+        return self._probe[1]
 
     def identities(self) -> set[str]:
         """Distinct DEALER identities that called this worker, probes excluded: the

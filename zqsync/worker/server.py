@@ -157,16 +157,22 @@ class Worker:
         return self.endpoint
 
     def _watch_connections(self, sock: zmq.Socket, name: str) -> gevent.Greenlet:
-        """Count TCP connections accepted per socket: the peer-side view of client socket reuse."""
-        monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED)
-        key = f"connections_{name}"
-        self.connections[key] = 0
+        """Count TCP connections accepted and lost per socket: the peer-side view of client
+        socket reuse (few connections) and discard (a disconnection)."""
+        monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        keys: dict[int, str] = {
+            int(zmq.EVENT_ACCEPTED): f"connections_{name}", int(zmq.EVENT_DISCONNECTED): f"disconnections_{name}",
+        }
+        for key in keys.values():
+            self.connections[key] = 0
 
         def watch() -> None:
             try:
                 while True:
-                    zmq.utils.monitor.recv_monitor_message(monitor)
-                    self.connections[key] += 1
+                    event = zmq.utils.monitor.recv_monitor_message(monitor)
+                    key = keys.get(event["event"])
+                    if key:
+                        self.connections[key] += 1
             finally:
                 monitor.close(linger=0)
 
@@ -310,7 +316,8 @@ class Worker:
             ``identities_by_pid``: ``{client pid: distinct socket identities
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
             when the worker binds its own sockets, ``connections_jobs`` /
-            ``connections_rpc``: TCP connections accepted since start;
+            ``connections_rpc`` and ``disconnections_jobs`` /
+            ``disconnections_rpc``: TCP connections accepted and lost since start;
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; and ``clients``: the stats of the
             zqsync clients that tasks in this process use.
