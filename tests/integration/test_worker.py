@@ -162,3 +162,13 @@ def test_worker_started_for_a_parent_exits_when_that_parent_dies(tmp_path):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_the_workers_own_tasks_answer_bad_arguments_with_an_error_not_silence(zq_worker):
+    """Regression (found by fuzzing): zqsync.ping with an argument killed the answering greenlet."""
+    worker = zq_worker()
+    with zqsync.Client(worker.endpoint, call_timeout=10.0) as client:
+        with pytest.raises(zqsync.RemoteError) as caught:
+            client.call("zqsync.ping", "unexpected")
+        assert caught.value.remote_type == "TypeError"
+        assert client.call("zqsync.ping") == "pong"

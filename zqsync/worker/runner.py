@@ -114,7 +114,8 @@ class Runner:
         counted or timed, so asking for stats never changes them.
         """
         if task.fn is self.builtins.get(task.name):
-            return protocol.encode_result(request.id, task.fn(*request.args, **request.kwargs))
+            ok, value = self.run(task, request, counted=False)
+            return protocol.encode_result(request.id, value) if ok else protocol.encode_error(request.id, *value)
         self.counters["calls_received"] += 1
         ok, value = self.run(task, request)
         if ok:
@@ -143,12 +144,14 @@ class Runner:
         self.counters["confirmed_received"] += 1
         return self.confirm(request, task)
 
-    def run(self, task: Task, request: protocol.Request) -> tuple[bool, Any]:
+    def run(self, task: Task, request: protocol.Request, *, counted: bool = True) -> tuple[bool, Any]:
         """Run ``task`` with the request's arguments under its time limit.
 
+        :param counted: count it in ``in_flight`` and time it (not for the worker's own tasks).
         :returns: ``(True, result)`` or ``(False, (type name, message, traceback))``.
         """
-        self.counters["in_flight"] += 1
+        step = 1 if counted else 0
+        self.counters["in_flight"] += step
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
         started = time.perf_counter()
         try:
@@ -162,6 +165,7 @@ class Runner:
             return False, (type(exc).__name__, str(exc), traceback.format_exc())
         finally:
             timer.close()
-            self.counters["in_flight"] -= 1
-            self.durations.record(task.name, time.perf_counter() - started)
+            self.counters["in_flight"] -= step
+            if counted:
+                self.durations.record(task.name, time.perf_counter() - started)
         return True, result

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 MAX_IDENTITIES = 10_000
 #: Confirmed jobs being journaled at once (they share group commits).
 ADMISSIONS = 64
+#: Seconds a warm shutdown waits after the last task before closing its sockets.
+REPLY_DRAIN = 0.25
 COLD_SIGNALS = (signal.SIGQUIT,)
 
 
@@ -284,6 +286,11 @@ class Worker:
             log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
             self._slots.kill(timeout=1.0)
         self.scheduler.stop()
+        # Closing a TCP socket with unread input (a client's heartbeat, say)
+        # makes the kernel send RST, and a client that had not yet read our
+        # last reply loses it with the connection. Give the last replies (results,
+        # or WorkerShutdown errors) a moment to be read first.
+        gevent.sleep(REPLY_DRAIN)
         gevent.killall(self._greenlets)
         for sock in (self.jobs, self.rpc):
             if not self.backend:
