@@ -40,8 +40,7 @@ def track(pool: Any, *, on_fork: Callable[[], None] | None = None) -> None:
     pools.add(pool)
 
 
-def silence(sock: zmq.Socket) -> None:
-    """Stop a green socket's event watcher without any libzmq call (child side of a fork)."""
+def _stop_watcher(sock: zmq.Socket) -> None:
     watcher = getattr(sock, "_state_event", None)
     if watcher is not None:
         try:
@@ -50,9 +49,24 @@ def silence(sock: zmq.Socket) -> None:
             pass
 
 
+def disown(sock: zmq.Socket) -> None:
+    """In a forked child: make an inherited socket unusable without any libzmq call.
+
+    Its gevent watcher is stopped and pyzmq is told it is closed (its
+    ``_closed`` flag), so any later use in the child, by a copied greenlet or
+    a ``finally`` clause of zmq.green, raises ``ENOTSOCK`` instead of running
+    libzmq code that would drain the parent's I/O thread mailbox; a later
+    ``close()`` or garbage collection does nothing. The object is kept in
+    :data:`orphans`.
+    """
+    _stop_watcher(sock)
+    sock._closed = True
+    orphans.append(sock)
+
+
 def close_foreign(sock: zmq.Socket, linger_ms: int) -> None:
     """Close a socket possibly created under another (maybe destroyed) hub, bypassing its watcher."""
-    silence(sock)
+    _stop_watcher(sock)
     if hasattr(sock, "_state_event"):
         sock._state_event = None
     zmq.Socket.close(sock, linger=linger_ms)

@@ -12,6 +12,7 @@ running a hub, so plain scripts stay free of it.
 from __future__ import annotations
 
 import _thread
+import itertools
 import os
 import sys
 import weakref
@@ -21,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional
 class Owner(NamedTuple):
     """A lease owner.
 
-    :ivar key: hashable ``(pid, kind, ident)``; ``kind`` is ``"hub"`` or ``"thread"``.
+    :ivar key: hashable ``(pid, kind, serial)``; ``kind`` is ``"hub"`` or ``"thread"``.
     :ivar green: whether sockets for this owner must be ``zmq.green`` sockets.
     :ivar alive: a callable telling whether the owner still exists.
     """
@@ -64,6 +65,10 @@ def _alive_while(ref: "weakref.ReferenceType[Any]", *, hub: bool) -> Callable[[]
 
 
 _get_hub_if_exists: Any = None
+# Owner keys are serial numbers, never id(): a finished thread's token (or a
+# destroyed hub) frees its address, and a new owner allocated there must not
+# inherit the dead one's sockets.
+_serials = itertools.count(1)
 
 
 def current_hub() -> Any:
@@ -101,13 +106,13 @@ def current_owner(pid: Optional[int] = None) -> Owner:
     if hub is not None:
         owner = _hub_owners.get(hub)
         if owner is None or owner.key[0] != pid:
-            owner = Owner((pid, "hub", id(hub)), True, _alive_while(weakref.ref(hub), hub=True))
+            owner = Owner((pid, "hub", next(_serials)), True, _alive_while(weakref.ref(hub), hub=True))
             _hub_owners[hub] = owner
         return owner
     owner = getattr(_thread_slot, "owner", None)
     if owner is None or owner.key[0] != pid:
         token = _ThreadToken()
         _thread_slot.token = token
-        owner = Owner((pid, "thread", id(token)), False, _alive_while(weakref.ref(token), hub=False))
+        owner = Owner((pid, "thread", next(_serials)), False, _alive_while(weakref.ref(token), hub=False))
         _thread_slot.owner = owner
     return owner

@@ -113,7 +113,6 @@ class SocketPool:
             0,
         )
         self._stats_wait_seconds = 0.0
-        self._doomed: list[Any] = []
         self._reset_state(os.getpid())
         self._check_budget(peers)
         lifecycle.track(self, on_fork=_holders.clear)
@@ -137,16 +136,13 @@ class SocketPool:
         self._stats["forks_detected"] += 1
         me = greenlet.getcurrent()
         doomed = [holder for holder in self._leased.values() if holder is not me]
-        for bucket in self._idle.values():
-            lifecycle.orphans.extend(bucket)
-        for sock in list(self._leased) + [s for b in self._idle.values() for s in b]:
-            lifecycle.silence(sock)
-        lifecycle.orphans.extend(self._leased)
+        for sock in [*self._leased, *(sock for bucket in self._idle.values() for sock in bucket)]:
+            lifecycle.disown(sock)
         if self._context is not None:
             lifecycle.orphans.append(self._context)
         self._lock = native_lock()
-        self._doomed = doomed
         self._reset_state(os.getpid())
+        _kill_copied_greenlets(doomed)
 
     def _check_fork(self) -> None:
         if self._pid == os.getpid():
@@ -161,14 +157,6 @@ class SocketPool:
                 lock.release()
         else:  # the lock was held across a C-level fork by a thread that no longer exists
             self._after_fork_in_child()
-
-    def _kill_copied_greenlets(self) -> None:
-        # Greenlets copied into the child mid-lease must never touch an
-        # inherited socket again: kill them before the hub next runs.
-        doomed, self._doomed = self._doomed, []
-        for holder in doomed:
-            if not holder.dead and hasattr(holder, "kill"):
-                holder.kill(block=False)
 
     def _context_for_process(self) -> zmq.Context:
         context = self._context
@@ -223,8 +211,6 @@ class SocketPool:
                 "nested lease: this greenlet/thread already holds a pooled socket; finish that "
                 "request before starting another (a nested lease can deadlock on the pool's cap)"
             )
-        if self._doomed:
-            self._kill_copied_greenlets()
         if len(self._owners) > 1 and time.monotonic() >= self._next_sweep:
             self._sweep()
         owner = current_owner(pid)
@@ -280,6 +266,10 @@ class SocketPool:
         return None
 
     def _open(self, address: Address, owner: Owner, holder: Any) -> zmq.Socket:
+        if self._live >= self.max_sockets:
+            # Checked here rather than left to libzmq's EMFILE: a zmq.green
+            # socket whose construction fails raises again from its __del__.
+            raise self._budget_error()
         context = self._context_for_process()
         if owner.green:
             import zmq.green as zmq_green
@@ -291,11 +281,7 @@ class SocketPool:
             sock = socket_class(context, self.socket_type)
         except zmq.ZMQError as exc:
             if exc.errno == errno.EMFILE:
-                raise PoolError(
-                    f"the zmq context's socket budget is spent (MAX_SOCKETS {self.max_sockets}, "
-                    f"{self._live} open): raise ZQSYNC_MAX_SOCKETS (and ulimit -n) or lower "
-                    "ZQSYNC_POOL_SIZE"
-                ) from exc
+                raise self._budget_error() from exc
             raise
         try:
             self._configure(sock, address)
@@ -307,6 +293,12 @@ class SocketPool:
             self._live += 1
             self._enter_flight(sock, holder)
         return sock
+
+    def _budget_error(self) -> PoolError:
+        return PoolError(
+            f"the zmq context's socket budget is spent (MAX_SOCKETS {self.max_sockets}, {self._live} open): "
+            "raise ZQSYNC_MAX_SOCKETS (and ulimit -n) or lower ZQSYNC_POOL_SIZE"
+        )
 
     def _configure(self, sock: zmq.Socket, address: Address) -> None:
         sock.setsockopt(zmq.LINGER, self._linger_ms)
@@ -444,6 +436,20 @@ class SocketPool:
 
     def __repr__(self) -> str:
         return f"<SocketPool type={self.socket_type} maxsize={self.maxsize} pid={self._pid}>"
+
+
+def _kill_copied_greenlets(doomed: list[Any]) -> None:
+    """Kill greenlets copied into a forked child in the middle of a lease.
+
+    Their sockets are the parent's: were one to wake (its watcher is stopped,
+    but zmq.green also polls every 11.6 s), a libzmq call in the child would
+    drain the parent's mailbox signal. The kill is scheduled on the hub and
+    lands before they run again. Plain greenlets (a thread's main one) are
+    never copied mid-wait, so only gevent Greenlets are killed.
+    """
+    for holder in doomed:
+        if not holder.dead and hasattr(holder, "kill"):
+            holder.kill(block=False)
 
 
 class Lease:

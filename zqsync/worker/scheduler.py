@@ -98,6 +98,10 @@ class JobScheduler:
         if self.journal is not None:
             self._greenlets += [gevent.spawn(self._write_loop), gevent.spawn(self._orphan_loop)]
 
+    def greenlets(self) -> list[gevent.Greenlet]:
+        """Every greenlet the scheduler runs (its loops and retry timers)."""
+        return [*self._greenlets, *self._timers]
+
     def pause(self) -> None:
         """Start no more jobs (retries and backlog included); jobs not started stay pending."""
         for timer in list(self._timers):

@@ -23,6 +23,8 @@ import logging
 import os
 import signal
 import time
+import weakref
+from functools import partial
 from typing import Any, Optional
 
 import gevent
@@ -32,7 +34,7 @@ import zmq
 import zmq.green
 import zmq.utils.monitor
 
-from .. import settings
+from .. import lifecycle, settings
 from ..auth import GeventAuthenticator
 from ..client import all_clients
 from ..errors import ConfigurationError
@@ -52,6 +54,12 @@ ADMISSIONS = 64
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
 COLD_SIGNALS = (signal.SIGQUIT,)
+
+
+def _after_fork(worker: "weakref.ReferenceType[Worker]") -> None:
+    alive = worker()
+    if alive is not None:
+        alive._after_fork_in_child()
 
 
 class Worker:
@@ -128,7 +136,9 @@ class Worker:
         self._signals: list[int] = []
         self._wakeup = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
+        self._receivers: list[gevent.Greenlet] = []
         self._context: Optional[zmq.Context] = None
+        self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
 
     # -- sockets -----------------------------------------------------------
@@ -142,6 +152,8 @@ class Worker:
         context = self._context = zmq.green.Context()
         self.jobs = context.socket(zmq.PULL)
         self.rpc = context.socket(zmq.ROUTER)
+        self._sockets += [self.jobs, self.rpc]
+        os.register_at_fork(after_in_child=partial(_after_fork, weakref.ref(self)))
         for sock in (self.jobs, self.rpc):
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.RCVHWM, self.hwm)
@@ -162,6 +174,7 @@ class Worker:
         """Count TCP connections accepted and lost per socket: the peer-side view of client
         socket reuse (few connections) and discard (a disconnection)."""
         monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._sockets.append(monitor)
         keys: dict[int, str] = {
             int(zmq.EVENT_ACCEPTED): f"connections_{name}", int(zmq.EVENT_DISCONNECTED): f"disconnections_{name}",
         }
@@ -179,6 +192,27 @@ class Worker:
                 monitor.close(linger=0)
 
         return gevent.spawn(watch)
+
+    def _after_fork_in_child(self) -> None:
+        """A task forked: in the child, nothing may touch the worker's sockets again.
+
+        The child's copies of the worker's greenlets (receivers, monitors, the
+        scheduler's loops, other tasks) would otherwise wake on the inherited
+        sockets, whose libzmq state is shared with the parent's I/O thread, and
+        steal its signals; and the orphan loop would claim the parent's
+        journaled jobs. So stop every inherited watcher, keep the sockets
+        referenced but never closed, and kill every copied greenlet except
+        the one that forked.
+        """
+        current = gevent.getcurrent()
+        for sock in self._sockets:
+            lifecycle.disown(sock)
+        lifecycle.orphans.append(self._context)
+        copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(),
+                  *self._slots.greenlets, *self._admissions.greenlets]
+        for greenlet in copies:
+            if greenlet is not current and not greenlet.dead:
+                greenlet.kill(block=False)
 
     # -- serving -----------------------------------------------------------
 
