@@ -15,12 +15,13 @@ rule numbers below refer to it.
   (rules 5 and 6).
 * A lease inside a lease raises, on one pool or across pools (rule 7).
 * Owners that ended (thread finished, hub destroyed) are swept when a new
-  owner appears (rule 8).
-* After ``fork`` the child drops every inherited socket and context *without*
-  closing them (pyzmq's pid guard would skip the close anyway; a real close in
-  the child would write into the parent's I/O thread mailbox) and builds a
-  fresh context lazily. ``os.register_at_fork`` and a pid check on every lease
-  both detect it, because C-level forks skip the hook (rule 9).
+  owner appears and on a lease at most every ``SWEEP_INTERVAL`` (rule 8).
+* After ``fork`` the child disowns every inherited socket (``lifecycle.py``:
+  pyzmq is told it is closed, so no libzmq call is ever made on it in the
+  child, where it would drain the parent's I/O thread mailbox), kills the
+  greenlets copied in the middle of a lease, and builds a fresh context
+  lazily. ``os.register_at_fork`` and a pid check on every lease both detect
+  a fork, because C-level forks skip the hook; one reset runs (rule 9).
 * The pool owns its context and sets ``MAX_SOCKETS``; exceeding it raises
   :class:`PoolError`, never aborts (rule 10).
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
