@@ -27,6 +27,8 @@ import subprocess
 import time
 from typing import Any, Optional, Sequence
 
+from zqsync.worker.scheduler import pid_alive
+
 #: Names of namespaces made by this module: zq-<pid>-<token>-<label>.
 _NAME = re.compile(r"^zq-(?P<pid>\d+)-[0-9a-f]{6}-[a-z0-9]+$")
 
@@ -73,16 +75,6 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_namespaces() -> list[str]:
     """Delete lab namespaces whose creating process no longer exists (a run that was SIGKILLed).
 
@@ -94,7 +86,7 @@ def remove_stale_namespaces() -> list[str]:
     removed = []
     for name in sorted(_listed()):
         match = _NAME.match(name)
-        if not match or _pid_alive(int(match["pid"])):
+        if not match or pid_alive(int(match["pid"])):
             continue
         _kill_inside(name)
         if ip("netns", "del", name, check=False).returncode == 0:

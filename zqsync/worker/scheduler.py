@@ -47,7 +47,8 @@ class Job(NamedTuple):
     admitted: bool = False  # holds a backlog place until it starts
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one we may not signal counts as existing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -228,7 +229,7 @@ class JobScheduler:
         pool = gevent.get_hub().threadpool
         last_prune = 0.0
         while True:
-            rows = pool.apply(self.journal.claim_orphans, (os.getpid(), _alive))
+            rows = pool.apply(self.journal.claim_orphans, (os.getpid(), pid_alive))
             for row in rows:
                 self._replay(row)
             if time.monotonic() - last_prune > 60:
