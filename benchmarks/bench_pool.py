@@ -164,9 +164,21 @@ class SocketGauge:
 
 
 def _pin(pid: int, cpus: set[int]) -> None:
-    """Pin every thread of process ``pid`` to ``cpus`` (threads it starts later inherit it)."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(tid), cpus)
+    """Pin every thread of process ``pid`` to ``cpus`` (threads it starts later inherit it).
+
+    A thread may exit between the listing and its pinning (the Python load
+    generator's threads come and go), and so may the whole process: both are
+    skipped, since there is nothing left to pin.
+    """
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return
+    for tid in threads:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:
+            continue
 
 
 @contextlib.contextmanager
