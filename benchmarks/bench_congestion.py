@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_congestion.py [--quick] [--json FILE] [--cpus split|shared|free]
 
-Each phase starts its own ``workers.demo`` worker with
+Each phase starts its own ``zqsync.demo.tasks`` worker with
 :class:`zqsync.processes.WorkerProcess` and stops it by pid when done (a
 stopped worker gets SIGCONT first).
 
@@ -71,11 +71,11 @@ from benchmarks.bench_pool import (
 from tests.helpers import wait_for
 from tests.integration.test_congestion import PAYLOAD as FILL_PAYLOAD
 from tests.integration.test_congestion import SMALL_HWM, fill_until_dropped
-from zqsync import protocol
-from zqsync.client import split_endpoint
-from zqsync.congestion import STATE, CongestionControl
+from zqsync.client.congestion import STATE, CongestionControl
 from zqsync.processes import WorkerProcess
 from zqsync.settings import ClientSettings
+from zqsync.wire import envelope
+from zqsync.wire.endpoints import split_endpoint
 
 #: A sender: ``send(payload)`` enqueues one ``echo`` job.
 Send = Callable[[Any], Any]
@@ -123,7 +123,7 @@ def stalled_worker(layout: str) -> Iterator[zqsync.Client]:
     The worker is resumed (SIGCONT) and stopped by pid on the way out, and the
     client closed without lingering.
     """
-    worker = WorkerProcess("workers.demo:registry", cwd=REPO_ROOT, extra_args=SMALL_HWM)
+    worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=SMALL_HWM)
     stopped = False
     try:
         with placed(worker.start(), layout):
@@ -277,7 +277,7 @@ def healthy_senders(env: Env, drain: Drain) -> Iterator[dict[str, Send]]:
     sock = _raw_push(env, block.settings.hwm)
 
     def raw(payload: Any) -> None:
-        sock.send(protocol.encode_request("job", os.urandom(16).hex(), "echo", (payload,), {}))
+        sock.send(envelope.encode_request("job", os.urandom(16).hex(), "echo", (payload,), {}))
 
     try:
         for client in (block, drop):

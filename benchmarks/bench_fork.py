@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/bench_fork.py [--quick | --smoke] [--json FILE] [--cpus split|shared|free]
 
-One run starts its own ``workers.demo`` worker with
+One run starts its own ``zqsync.demo.tasks`` worker with
 :class:`zqsync.processes.WorkerProcess` and stops it by pid when done. A
 *fork cycle* is what a prefork server or a ``multiprocessing`` pool does per
 child: the parent forks, the child makes its first call to the worker and
@@ -58,7 +58,7 @@ from benchmarks.bench_pool import (
     running_worker,
     size_for,
 )
-from zqsync.client import split_endpoint
+from zqsync.wire.endpoints import split_endpoint
 
 #: What a child runs between ``fork`` and ``os._exit``; it returns the child's exit status.
 ChildBody = Callable[[], int]

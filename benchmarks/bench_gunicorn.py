@@ -1,11 +1,11 @@
-"""Side-by-side benchmark: real ``gunicorn -k gevent`` on ``examples/webapp.py``, with and without zqsync.
+"""Side-by-side benchmark: real ``gunicorn -k gevent`` on ``zqsync/demo/webapp.py``, with and without zqsync.
 
 Run from the repository root::
 
     python benchmarks/bench_gunicorn.py [--quick | --smoke] [--json FILE] [--cpus split|free] [--python-load]
 
-One run starts a ``workers.demo`` worker (:class:`zqsync.processes.WorkerProcess`)
-and ``gunicorn -k gevent -w 2 --preload`` with ``examples/gunicorn.conf.py``
+One run starts a ``zqsync.demo.tasks`` worker (:class:`zqsync.processes.WorkerProcess`)
+and ``gunicorn -k gevent -w 2 --preload`` with ``zqsync/demo/gunicorn_conf.py``
 (:class:`zqsync.processes.GunicornProcess`), pointed at that worker, and stops
 both by pid when done. With ``--cpus split`` (the default) gunicorn's
 processes run on one CPU, and the zqsync worker and the load generator on
@@ -275,11 +275,10 @@ def measure_gunicorn(settings: Settings, layout: str = "split", *, python: bool 
     if missing:
         raise RuntimeError(missing)
     kind = generator(python)
-    examples = os.path.join(REPO_ROOT, "examples")
     loads: dict[str, list[Load]] = {name: [] for name in ROUTES}
     connections = dict.fromkeys(ROUTES, 0)
-    with WorkerProcess("workers.demo:registry", cwd=REPO_ROOT, extra_args=["--log-level", "warning"]) as worker:
-        web = GunicornProcess("webapp:app", chdir=examples, config=os.path.join(examples, "gunicorn.conf.py"),
+    with WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=["--log-level", "warning"]) as worker:
+        web = GunicornProcess("zqsync.demo.webapp:app", config="python:zqsync.demo.gunicorn_conf",
                               workers=WEB_WORKERS, preload=True, env={"ZQSYNC_ENDPOINT": worker.endpoint})
         with web:
             cpus = place(layout, worker, web)

@@ -5,7 +5,7 @@ Run from the repository root::
 
     python benchmarks/bench_pool.py [--quick] [--json FILE]
 
-One run starts its own worker (``workers.demo:registry``) with
+One run starts its own worker (``zqsync.demo.tasks:registry``) with
 :class:`zqsync.processes.WorkerProcess` and stops it by pid when done. It
 measures, in plain (unpatched) mode and then in a subprocess of this script
 run with ``--gevent`` (``monkey.patch_all()`` first, ``zmq.green`` sockets,
@@ -53,9 +53,9 @@ import msgpack
 import zmq
 
 import zqsync
-from zqsync import protocol
-from zqsync.client import split_endpoint
 from zqsync.processes import WorkerProcess, stop_process
+from zqsync.wire import envelope
+from zqsync.wire.endpoints import split_endpoint
 
 try:
     from tqdm import tqdm
@@ -203,8 +203,8 @@ def placed(worker: WorkerProcess, layout: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def running_worker(layout: str) -> Iterator[WorkerProcess]:
-    """A fresh ``workers.demo`` worker, placed per ``layout``, stopped by pid on the way out."""
-    worker = WorkerProcess("workers.demo:registry", cwd=REPO_ROOT)
+    """A fresh ``zqsync.demo.tasks`` worker, placed per ``layout``, stopped by pid on the way out."""
+    worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT)
     try:
         with placed(worker.start(), layout):
             yield worker
@@ -240,8 +240,8 @@ def _dealer(env: Env) -> Any:
 
 def _round_trip(sock: Any, payload: Any) -> Any:
     """Encode the same request frame the client sends, send it, decode the reply. No checks."""
-    sock.send(protocol.encode_request("call", str(next(_request_ids)), "echo", (payload,), {}))
-    return protocol.decode_reply(sock.recv()).result
+    sock.send(envelope.encode_request("call", str(next(_request_ids)), "echo", (payload,), {}))
+    return envelope.decode_reply(sock.recv()).result
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ Run from the repository root::
 
     python benchmarks/bench_rq.py [--quick] [--json FILE] [--cpus split|shared|free] [--greenlets N]
 
-Each mode starts its own ``workers.demo`` worker with a journal
+Each mode starts its own ``zqsync.demo.tasks`` worker with a journal
 (``--state-dir``, so it confirms jobs) and, when ``redis-server`` and the
 ``rq`` and ``redis`` packages are installed, two ``redis-server`` processes on
 free ports of 127.0.0.1: one without persistence (``--save "" --appendonly
@@ -207,13 +207,13 @@ class RedisServer:
 
 @contextlib.contextmanager
 def running_servers(layout: str, scratch: str, with_redis: bool) -> Iterator[tuple[WorkerProcess, dict[str, Any]]]:
-    """A journaling ``workers.demo`` worker and, if ``with_redis``, one Redis per ``REDIS_CONFIGS`` entry.
+    """A journaling ``zqsync.demo.tasks`` worker and, if ``with_redis``, one Redis per ``REDIS_CONFIGS`` entry.
 
     This process is placed per ``layout`` as in ``bench_pool.py``; the Redis
     servers share the worker's CPUs. Everything is stopped by pid on the way out.
     """
     journal = os.path.join(scratch, "journal")
-    worker = WorkerProcess("workers.demo:registry", cwd=REPO_ROOT, extra_args=["--state-dir", journal])
+    worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=["--state-dir", journal])
     servers: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         stack.callback(worker.stop)

@@ -7,7 +7,7 @@ Run from the repository root::
 
 zerorpc is gevent-based, so the measurement runs in a subprocess of this
 script (``--gevent``: ``monkey.patch_all()`` first), in a greenlet under a
-watchdog, as a request handler would. That process starts a ``workers.demo``
+watchdog, as a request handler would. That process starts a ``zqsync.demo.tasks``
 worker (:class:`zqsync.processes.WorkerProcess`) and a zerorpc server (this
 script with ``--serve``) whose ``echo`` returns its argument, pins the server
 where ``--cpus`` put the worker, and stops both by pid when done.
@@ -104,7 +104,7 @@ def zerorpc_unavailable() -> Optional[str]:
 
 
 class EchoService:
-    """What the zerorpc server exposes: the same ``echo`` as ``workers.demo``."""
+    """What the zerorpc server exposes: the same ``echo`` as ``zqsync.demo.tasks``."""
 
     def echo(self, value: Any) -> Any:
         """Return ``value`` unchanged."""

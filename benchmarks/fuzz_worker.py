@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/fuzz_worker.py [--frames 500000] [--seed 62] [--batch 5000] [--send-decoder-bugs]
 
-It starts a ``workers.demo`` worker with :class:`zqsync.processes.WorkerProcess`,
+It starts a ``zqsync.demo.tasks`` worker with :class:`zqsync.processes.WorkerProcess`,
 then sends ``--frames`` fuzz messages from ``benchmarks/fuzzframes.py`` in
 batches (jobs over PUSH, rpc over DEALERs and a ROUTER), draining replies
 without waiting for each. After every batch it waits for every reply and
@@ -41,15 +41,15 @@ import msgpack
 
 import zqsync
 from benchmarks.fuzzframes import FuzzDriver, Stalled, frame_of_size, raw_tcp_garbage, rss_bytes, send_oversized
-from zqsync import protocol
 from zqsync.processes import WorkerProcess
+from zqsync.wire import envelope
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MB = 1024 * 1024
 
 
 def start_worker() -> WorkerProcess:
-    return WorkerProcess("workers.demo:registry", cwd=REPO_ROOT).start()
+    return WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT).start()
 
 
 def stop_worker(worker: WorkerProcess) -> None:
@@ -138,7 +138,7 @@ def main(argv: Optional[list] = None) -> int:
                 print(f"  {tried} messages, {time.monotonic() - started:.0f} s, worker RSS {rss_bytes(worker.pid) / MB:.1f} MiB",
                       file=sys.stderr)
 
-        limit = protocol.MAX_MESSAGE_SIZE
+        limit = envelope.MAX_MESSAGE_SIZE
         big = {"jobs, at the limit": send_oversized(worker.endpoint, "jobs", frame_of_size(limit)),
                "rpc, at the limit": send_oversized(worker.endpoint, "rpc", frame_of_size(limit, "call", "no_such_task")),
                "jobs, limit + 1": send_oversized(worker.endpoint, "jobs", frame_of_size(limit + 1)),

@@ -27,11 +27,11 @@ from typing import Any, Callable, Optional
 import msgpack
 import zmq
 
-from zqsync import protocol
-from zqsync.client import parse_endpoint, split_endpoint
 from zqsync.errors import ProtocolError
+from zqsync.wire import envelope
+from zqsync.wire.endpoints import parse_endpoint, split_endpoint
 
-#: Tasks a valid fuzz request may name: cheap and side-effect free on ``workers.demo``, or unknown.
+#: Tasks a valid fuzz request may name: cheap and side-effect free on ``zqsync.demo.tasks``, or unknown.
 SAFE_TASKS = ("add", "echo", "fail", "no_such_task", "zqsync.ping")
 REQUEST_FIELDS = ("v", "id", "kind", "task", "args", "kwargs")
 INT_EDGES = (0, 1, -1, 127, 128, 255, 256, -32, -33, -128, -129, 2**15 - 1, -(2**15), 2**16 - 1, 2**16,
@@ -88,7 +88,7 @@ def valid_request_map(rng: random.Random) -> dict[Any, Any]:
     task = rng.choice(SAFE_TASKS)
     args = [rng.randrange(100), rng.randrange(100)] if task == "add" else [random_value(rng) for _ in range(rng.randrange(3))]
     message = {"v": 1, "id": rng.randbytes(8).hex() if rng.random() < 0.7 else random_text(rng, rng.randint(1, 64)),
-               "kind": rng.choice(protocol.KINDS), "task": task, "args": args,
+               "kind": rng.choice(envelope.KINDS), "task": task, "args": args,
                "kwargs": {random_text(rng, rng.randint(1, 6)): random_value(rng) for _ in range(rng.randrange(3))}}
     for field in ("args", "kwargs"):  # both are optional
         if rng.random() < 0.1:
@@ -245,8 +245,8 @@ def fuzz_message(rng: random.Random) -> tuple[str, list[bytes]]:
 
 def frame_of_size(size: int, kind: str = "job", task: str = "echo") -> bytes:
     """A valid request of exactly ``size`` bytes (>= 70 000): one bytes argument pads it."""
-    probe = protocol.encode_request(kind, "big", task, [b"\0" * 65536])
-    return protocol.encode_request(kind, "big", task, [b"\0" * (size - (len(probe) - 65536))])
+    probe = envelope.encode_request(kind, "big", task, [b"\0" * 65536])
+    return envelope.encode_request(kind, "big", task, [b"\0" * (size - (len(probe) - 65536))])
 
 
 # -- raw TCP, below ZeroMQ -----------------------------------------------------
@@ -268,7 +268,7 @@ def raw_tcp_payload(rng: random.Random, socket_type: bytes) -> bytes:
         return ZMTP_GREETING + rng.randbytes(rng.randint(1, 256))
     if roll == 2:
         return _bitflip(rng, ZMTP_GREETING + zmtp_ready(socket_type))
-    size = rng.choice((2**63 - 1, 2**64 - 1, protocol.MAX_MESSAGE_SIZE + 1, 2**32))
+    size = rng.choice((2**63 - 1, 2**64 - 1, envelope.MAX_MESSAGE_SIZE + 1, 2**32))
     return ZMTP_GREETING + zmtp_ready(socket_type) + b"\x02" + size.to_bytes(8, "big") + rng.randbytes(64)
 
 
@@ -300,7 +300,7 @@ def rss_bytes(pid: int) -> int:
 def classify(frame: bytes) -> str:
     """``"ok"``, ``"malformed"`` (ProtocolError) or ``"bug"`` (any other exception) for ``decode_request``."""
     try:
-        protocol.decode_request(frame)
+        envelope.decode_request(frame)
     except ProtocolError:
         return "malformed"
     except Exception:
@@ -363,7 +363,7 @@ class FuzzDriver:
         deadline = time.monotonic() + self.stall_timeout
         while True:
             try:
-                self.router.send_multipart([self.ROUTER_ALIAS, protocol.encode_request("call", "hello", "zqsync.ping")])
+                self.router.send_multipart([self.ROUTER_ALIAS, envelope.encode_request("call", "hello", "zqsync.ping")])
                 break
             except zmq.ZMQError as exc:  # EHOSTUNREACH until connected
                 if time.monotonic() > deadline:
@@ -416,7 +416,7 @@ class FuzzDriver:
     @staticmethod
     def _exception(frame: bytes) -> str:
         try:
-            protocol.decode_request(frame)
+            envelope.decode_request(frame)
         except Exception as exc:
             return f"{type(exc).__name__}: {str(exc)[:120]}"
         return "none"
@@ -454,7 +454,7 @@ class FuzzDriver:
         try:
             if frames[:-1] != envelope:
                 raise ProtocolError(f"unexpected envelope {frames[:-1]!r:.80}")
-            protocol.decode_reply(frames[-1])
+            envelope.decode_reply(frames[-1])
         except Exception as exc:  # every reply of the worker must be a valid reply
             self.bad_replies.append((f"{type(exc).__name__}: {str(exc)[:120]}", frames))
 
@@ -490,11 +490,11 @@ def send_oversized(endpoint: str, target: str, frame: bytes, *, timeout: float =
         poller.register(monitor, zmq.POLLIN)
         if target == "rpc":
             poller.register(sock, zmq.POLLIN)
-        events = dict(poller.poll(int(timeout * 1000 if target == "rpc" or len(frame) > protocol.MAX_MESSAGE_SIZE else 1000)))
+        events = dict(poller.poll(int(timeout * 1000 if target == "rpc" or len(frame) > envelope.MAX_MESSAGE_SIZE else 1000)))
         if monitor in events:
             return "disconnected"
         if sock in events:
-            protocol.decode_reply(sock.recv())
+            envelope.decode_reply(sock.recv())
             return "replied"
         return "sent"
     finally:

@@ -17,7 +17,7 @@ congestion enqueue throughput against a raw PUSH loop; DROP's early drop with
            a stalled worker
 rq         enqueue and confirmed enqueue against RQ on redis-server
 fork       a fork cycle: fork, first call in the child, exit
-gunicorn   real ``gunicorn -k gevent`` on ``examples/webapp.py`` under wrk:
+gunicorn   real ``gunicorn -k gevent`` on ``zqsync/demo/webapp.py`` under wrk:
            requests/s with an enqueue per request, without, and with a
            Client per request
 ========== ====================================================================

@@ -1,6 +1,6 @@
 """Plain synchronous use: no gevent, no web server.
 
-    zqsync worker workers.demo:registry --bind tcp://127.0.0.1:5555 &
+    zqsync worker zqsync.demo.tasks:registry --bind tcp://127.0.0.1:5555 &
     python examples/sync_script.py tcp://127.0.0.1:5555
 """
 

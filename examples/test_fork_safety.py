@@ -6,39 +6,37 @@ Run it from the repository root (the plugin comes with ``pip install zqsync``)::
 
 ``zq_worker`` starts a real worker process; ``run_in_fork`` runs a function in
 a forked child and hands back its result. The app here is
-``examples/webapp.py``: its client is created at import time, as in
-production under ``gunicorn --preload``.
+the demo's Flask app, ``zqsync.demo.webapp``: its client is created at import
+time, as in production under ``gunicorn --preload``.
 """
 
 from __future__ import annotations
 
 import importlib
 import multiprocessing
-import os
 import sys
 
 import pytest
 
 from zqsync.testing import run_in_fork
 
-EXAMPLES = os.path.dirname(os.path.abspath(__file__))
+APP = "zqsync.demo.webapp"
 
 
 @pytest.fixture
 def webapp(zq_worker, monkeypatch):
-    """examples/webapp.py imported fresh, pointed at a real worker."""
-    worker = zq_worker("workers.demo:registry", cwd=os.path.dirname(EXAMPLES))
+    """The demo's web app imported fresh, pointed at a real worker."""
+    worker = zq_worker("zqsync.demo.tasks:registry")
     monkeypatch.setenv("ZQSYNC_ENDPOINT", worker.endpoint)
-    monkeypatch.syspath_prepend(EXAMPLES)
-    sys.modules.pop("webapp", None)
-    module = importlib.import_module("webapp")
+    sys.modules.pop(APP, None)
+    module = importlib.import_module(APP)
     yield module
     module.client.close()
 
 
 def handle_one_request(n):
     """What a gunicorn worker does per request, without the HTTP."""
-    with sys.modules["webapp"].app.test_client() as http:
+    with sys.modules[APP].app.test_client() as http:
         return http.get(f"/?n={n}").get_json()["result"]
 
 

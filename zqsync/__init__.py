@@ -1,39 +1,51 @@
 """zqsync: pooled ZeroMQ job enqueue and RPC for gevent and synchronous Python.
 
 Public API only; importing zqsync opens nothing and reads no environment.
+The layers are drawn in docs/design.md ("Package layout").
 """
 
-from .auth import Curve
-from .client import Client, call, close_all, default_client, enqueue
-from .congestion import CongestionControl
+from .client.client import Client, call, close_all, default_client, enqueue
+from .client.congestion import CongestionControl
+from .client.pool import SocketPool
 from .errors import (
     CallTimeout,
+    ClientClosed,
     ConfigurationError,
     Congested,
+    NoJournal,
     PoolError,
     ProtocolError,
     RemoteError,
+    RequestRejected,
+    TimeLimitExceeded,
     Unconfirmed,
     UnknownTask,
+    WorkerShutdown,
     ZqsyncError,
+    ZqsyncWarning,
 )
-from .pool import SocketPool, ZqsyncWarning
+from .wire.curve import Curve
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CallTimeout",
     "Client",
+    "ClientClosed",
     "ConfigurationError",
-    "Curve",
     "Congested",
     "CongestionControl",
+    "Curve",
+    "NoJournal",
     "PoolError",
     "ProtocolError",
     "RemoteError",
+    "RequestRejected",
     "SocketPool",
+    "TimeLimitExceeded",
     "Unconfirmed",
     "UnknownTask",
+    "WorkerShutdown",
     "ZqsyncError",
     "ZqsyncWarning",
     "call",

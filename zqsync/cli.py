@@ -10,6 +10,7 @@ import importlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 from typing import Any, Optional, Sequence
@@ -168,15 +169,29 @@ def build_parser() -> argparse.ArgumentParser:
         "per-request sockets, zerorpc, RQ, gunicorn without zqsync) measured in the same run, reported as "
         "one markdown table. Peers that are not installed are reported as skipped, with how to install them.",
     )
-    sizes = bench.add_mutually_exclusive_group()
-    sizes.add_argument("--quick", action="store_true", help="smaller counts: the whole suite in under 2 minutes")
-    sizes.add_argument("--smoke", action="store_true", help="tiny counts: checks every scenario runs; no real figures")
-    bench.add_argument("--json", metavar="FILE", help="also write every scenario's rows and the machine to FILE")
-    bench.add_argument("--plot", metavar="FILE.png", help="also draw latency distributions and ratios (needs matplotlib)")
-    bench.add_argument("--only", action="append", metavar="NAME",
-                       help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, fork, gunicorn)")
+    add_bench_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
     return parser
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark suite's options, shared by ``zqsync bench`` and ``python -m benchmarks``."""
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="smaller counts: the whole suite in under 2 minutes")
+    sizes.add_argument("--smoke", action="store_true", help="tiny counts: checks every scenario runs; no real figures")
+    parser.add_argument("--json", metavar="FILE", type=os.path.abspath,
+                        help="also write every scenario's rows and the machine to FILE")
+    parser.add_argument("--plot", metavar="FILE.png", type=os.path.abspath,
+                        help="also draw latency distributions and ratios (needs matplotlib)")
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, fork, gunicorn)")
+
+
+def bench_argv(args: argparse.Namespace) -> list[str]:
+    """Parsed benchmark options back to ``python -m benchmarks`` arguments."""
+    argv = ["--quick"] if args.quick else ["--smoke"] if args.smoke else []
+    argv += [*(["--json", args.json] if args.json else []), *(["--plot", args.plot] if args.plot else [])]
+    return argv + [item for name in args.only or [] for item in ("--only", name)]
 
 
 def load_registry(app: str) -> Any:
@@ -292,8 +307,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from .auth import Curve
-    from .client import Client
+    from .client.client import Client
+    from .wire.curve import Curve
 
     if bool(args.curve_server_key) != bool(args.curve_secret_key):
         raise SystemExit(f"zqsync {args.command}: --curve-server-key and --curve-secret-key go together")
@@ -338,7 +353,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from .auth import keygen
+    from .wire.curve import keygen
 
     public, secret = keygen(args.dir, args.name)
     print(f"public key: {public}\nsecret key: {secret} (mode 0600; keep it private)")
@@ -354,23 +369,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from .demo import find_root
-    from .processes import ProcessFailed
+def find_checkout(start: Optional[str] = None) -> Optional[str]:
+    """The zqsync checkout holding ``benchmarks/suite.py``: ``start`` (default: cwd) or a parent; ``None`` if none."""
+    here = os.path.abspath(start or os.getcwd())
+    while not os.path.isfile(os.path.join(here, "benchmarks", "suite.py")):
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+    return here
 
-    try:
-        root = find_root()
-    except ProcessFailed:
-        raise SystemExit("zqsync bench: run it from a zqsync checkout (it needs benchmarks/, workers/ and "
-                         "examples/); it is not installed with the package") from None
-    if not os.path.isfile(os.path.join(root, "benchmarks", "suite.py")):
-        raise SystemExit(f"zqsync bench: {root} has no benchmarks/suite.py")
-    sys.path.insert(0, root)
-    suite = importlib.import_module("benchmarks.suite")  # from the checkout, not the installed package
-    size = "quick" if args.quick else "smoke" if args.smoke else "full"
-    command = " ".join(["zqsync bench", *(["--" + size] if size != "full" else []),
-                        *(f"--only {name}" for name in args.only or [])])
-    return suite.run(size=size, only=args.only or (), json_path=args.json, plot_path=args.plot, command=command)
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    root = find_checkout()
+    if root is None:
+        raise SystemExit("zqsync bench: run it from a zqsync checkout (it runs benchmarks/, which is not "
+                         "installed with the package): git clone the repository, then zqsync bench there")
+    # A separate interpreter in the checkout: the installed package never imports benchmark code.
+    return subprocess.call([sys.executable, "-m", "benchmarks", *bench_argv(args)], cwd=root)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,14 +1,51 @@
-"""Every error zqsync raises, under one root: :class:`ZqsyncError`.
+"""Every error zqsync raises, under one root: :class:`ZqsyncError`, and its one warning.
 
 Third-party errors (pyzmq, msgpack) are wrapped with ``raise ... from exc`` so
 callers need to catch only this hierarchy.
+
+Every error pickles with its context attributes (urllib3's exceptions do the
+same), so one raised in a forked or spawned child reaches the parent intact.
+
+A worker names the errors it sends back by type name; :data:`REMOTE_ERRORS`
+is the one table, used by both sides, that maps those names to the
+:class:`RemoteError` subclass the client raises (redis-py's parser keeps
+such a table for server error names).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def _rebuild(cls: type[BaseException], args: tuple) -> BaseException:
+    error = cls.__new__(cls)
+    error.args = args
+    return error
+
+
+class ZqsyncWarning(RuntimeWarning):
+    """A configuration that will fail under load (for example the socket budget)."""
+
 
 class ZqsyncError(Exception):
     """Root of every error raised by zqsync."""
+
+    def __reduce__(self) -> Any:
+        # The default rebuilds by calling __init__(*self.args), which breaks
+        # for every subclass whose __init__ takes other arguments than its message.
+        return (_rebuild, (type(self), self.args), self.__dict__)
+
+
+class ClientClosed(ZqsyncError):
+    """The :class:`~zqsync.Client` was closed; build a new one to send more."""
+
+
+class ProcessFailed(ZqsyncError):
+    """A helper process (a worker or gunicorn started by zqsync's tooling) exited early or was not ready in time."""
+
+
+class ForkFailed(ZqsyncError, AssertionError):
+    """A child forked by :func:`zqsync.testing.run_in_fork` hung, crashed, or exited without a result."""
 
 
 class ConfigurationError(ZqsyncError, ValueError):
@@ -105,3 +142,32 @@ class RemoteError(ZqsyncError):
 
 class UnknownTask(RemoteError):
     """The worker has no task registered under the requested name."""
+
+
+class NoJournal(RemoteError):
+    """A confirmed job reached a worker that keeps no journal (started without ``--state-dir``)."""
+
+
+class TimeLimitExceeded(RemoteError):
+    """The task ran past its ``time_limit`` and was interrupted."""
+
+
+class WorkerShutdown(RemoteError):
+    """The worker stopped before the task finished."""
+
+
+class RequestRejected(RemoteError):
+    """The worker could not decode the request, or it arrived on the wrong socket."""
+
+
+#: Worker error type name -> the class the client raises. Names not listed
+#: (a task's own exception, such as ``ValueError``) raise :class:`RemoteError`.
+REMOTE_ERRORS: dict[str, type[RemoteError]] = {
+    cls.__name__: cls for cls in (UnknownTask, NoJournal, TimeLimitExceeded, WorkerShutdown)
+}
+REMOTE_ERRORS["ProtocolError"] = RequestRejected
+
+
+def remote_error(type_name: str, message: str, traceback: str = "") -> RemoteError:
+    """The client-side exception for an error reply naming ``type_name``."""
+    return REMOTE_ERRORS.get(type_name, RemoteError)(type_name, message, traceback)

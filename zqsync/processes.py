@@ -17,11 +17,7 @@ import time
 import urllib.request
 from typing import Any, Mapping, Optional, Sequence
 
-from .errors import ZqsyncError
-
-
-class ProcessFailed(ZqsyncError):
-    """A helper process exited early or did not become ready in time."""
+from .errors import ProcessFailed
 
 
 def stop_process(proc: subprocess.Popen, *, timeout: float = 10.0, sig: int = signal.SIGTERM) -> Optional[int]:
@@ -68,7 +64,7 @@ class WorkerProcess:
 
     def __init__(
         self,
-        app: str = "workers.demo:registry",
+        app: str = "zqsync.demo.tasks:registry",
         *,
         bind: str = "tcp://127.0.0.1:0",
         cwd: Optional[str] = None,
@@ -143,7 +139,7 @@ class WorkerProcess:
 
         :raises ProcessFailed: no answer within ``timeout`` seconds.
         """
-        from . import protocol
+        from .wire import envelope as protocol
 
         with self._probe_lock:
             sock = self._probe_socket()
@@ -161,7 +157,7 @@ class WorkerProcess:
     def _probe_socket(self) -> Any:
         import zmq
 
-        from .client import split_endpoint
+        from .wire.endpoints import split_endpoint
 
         if self._probe is None or self._probe[0] != os.getpid():
             sock: Any = zmq.Context.instance().socket(zmq.DEALER)
@@ -193,9 +189,9 @@ class GunicornProcess:
     The socket is bound here and handed over as ``fd://N``, so its port is
     known before gunicorn starts, with no race for a free port.
 
-    :param app: WSGI app, e.g. ``"webapp:app"``.
-    :param chdir: directory gunicorn imports ``app`` from.
-    :param config: path of a gunicorn config file, or ``None``.
+    :param app: WSGI app, e.g. ``"zqsync.demo.webapp:app"``.
+    :param chdir: directory gunicorn imports ``app`` from (default: this process's cwd).
+    :param config: a gunicorn config: a file path, ``python:MODULE``, or ``None``.
     :param workers: worker processes.
     :param preload: pass ``--preload`` (load the app in the master before forking).
     :param env: extra environment variables (e.g. ``ZQSYNC_ENDPOINT``).
@@ -205,14 +201,14 @@ class GunicornProcess:
         self,
         app: str,
         *,
-        chdir: str,
+        chdir: Optional[str] = None,
         config: Optional[str] = None,
         workers: int = 2,
         preload: bool = True,
         env: Optional[Mapping[str, str]] = None,
         ready_timeout: float = 60.0,
     ) -> None:
-        self.app, self.chdir, self.config = app, chdir, config
+        self.app, self.chdir, self.config = app, chdir or os.getcwd(), config
         self.workers, self.preload = workers, preload
         self.env = dict(env or {})
         self.ready_timeout = ready_timeout

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from .errors import ZqsyncError
+from .errors import ForkFailed
 from .processes import WorkerProcess
 from .worker.registry import Registry
 
@@ -54,10 +54,6 @@ def delay(seconds: float, value: Any = None) -> Any:
 def drop() -> None:
     """Never answer (sleeps for an hour; the worker is stopped first)."""
     time.sleep(3600)
-
-
-class ForkFailed(ZqsyncError, AssertionError):
-    """The forked child hung, crashed, or exited without a result."""
 
 
 def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwargs: Any) -> Any:
@@ -126,10 +122,10 @@ def _wait_child(pid: int, timeout: float) -> int:
 
 @pytest.fixture
 def zq_worker() -> Iterator[Callable[..., WorkerProcess]]:
-    """Factory fixture: ``zq_worker(app="workers.demo:registry", **WorkerProcess kwargs)``."""
+    """Factory fixture: ``zq_worker(app="zqsync.demo.tasks:registry", **WorkerProcess kwargs)``."""
     started: list[WorkerProcess] = []
 
-    def start(app: str = "workers.demo:registry", **kwargs: Any) -> WorkerProcess:
+    def start(app: str = "zqsync.demo.tasks:registry", **kwargs: Any) -> WorkerProcess:
         worker = WorkerProcess(app, **kwargs)
         started.append(worker)
         return worker.start()

@@ -71,7 +71,7 @@ def test_worker_with_an_unimportable_module_says_so():
 
 
 def test_worker_with_a_non_registry_attribute_says_so():
-    result = zqsync_cli("worker", "workers.demo:add", "--bind", "tcp://127.0.0.1:0")
+    result = zqsync_cli("worker", "zqsync.demo.tasks:add", "--bind", "tcp://127.0.0.1:0")
     assert result.returncode != 0
     assert "not a zqsync.worker.Registry" in result.stderr
 

@@ -7,7 +7,6 @@ per request.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,7 +25,7 @@ def test_gunicorn_gevent_workers_reuse_a_few_sockets_across_requests(zq_worker, 
     """S03."""
     worker = zq_worker()
     web = GunicornProcess(
-        "webapp:app", chdir=os.path.join(root, "examples"), config=os.path.join(root, "examples", "gunicorn.conf.py"),
+        "zqsync.demo.webapp:app", config="python:zqsync.demo.gunicorn_conf",
         workers=2, preload=preload, env={"ZQSYNC_ENDPOINT": worker.endpoint, "ZQSYNC_POOL_SIZE": str(POOL_SIZE)},
     )
     with web, requests.Session() as session:

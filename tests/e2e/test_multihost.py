@@ -159,7 +159,7 @@ class Run:
 
     def start_workers(self) -> None:
         for label, host in self.workers.items():
-            argv = [sys.executable, "-m", "zqsync", "worker", "workers.demo:registry", "--bind", self.endpoint(label),
+            argv = [sys.executable, "-m", "zqsync", "worker", "zqsync.demo.tasks:registry", "--bind", self.endpoint(label),
                     "--state-dir", str(self.tmp / f"state-{label}"), "--ready-file", str(self.tmp / f"ready-{label}"),
                     "--parent-pid", str(os.getpid()), "--graceful-timeout", "5"]
             self.logs[label] = self.tmp / f"{label}.log"

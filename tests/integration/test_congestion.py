@@ -15,8 +15,8 @@ import pytest
 
 import zqsync
 from tests.helpers import wait_for
-from zqsync import congestion, transport
-from zqsync.congestion import STATE, CongestionControl
+from zqsync.client import congestion, transport
+from zqsync.client.congestion import STATE, CongestionControl
 
 PAYLOAD = "x" * 65536
 SMALL_HWM = ["--hwm", "5"]

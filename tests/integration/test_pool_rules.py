@@ -15,8 +15,8 @@ import zmq
 
 import zqsync
 from tests.helpers import wait_for
-from zqsync import protocol
-from zqsync.client import split_endpoint
+from zqsync.wire import envelope
+from zqsync.wire.endpoints import split_endpoint
 
 #: The first call on a fresh pool also warms the peer; identities are compared to that.
 
@@ -27,9 +27,9 @@ def rpc(endpoint: str) -> str:
 
 def echo(sock: zmq.Socket, value: str) -> str:
     """One raw call of the peer's ``echo`` task over a leased socket."""
-    sock.send(protocol.encode_request("call", value, "echo", (value,)))
+    sock.send(envelope.encode_request("call", value, "echo", (value,)))
     assert sock.poll(20_000), "the peer did not answer"
-    return protocol.decode_reply(sock.recv()).result
+    return envelope.decode_reply(sock.recv()).result
 
 
 def test_a_socket_closed_inside_a_clean_lease_is_never_parked(zq_peer):

@@ -26,8 +26,8 @@ import zmq
 import zqsync
 from tests.conftest import MONKEY_PATCHED, ROOT
 from tests.helpers import wait_for
-from zqsync import protocol
-from zqsync.client import split_endpoint
+from zqsync.wire import envelope
+from zqsync.wire.endpoints import split_endpoint
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -386,9 +386,9 @@ def test_leasing_past_max_sockets_raises_pool_error_and_the_process_carries_on(z
         gevent.joinall(holders, timeout=20.0)
     assert all(g.successful() for g in holders)
     with pool.lease(rpc, timeout=5.0) as sock:
-        sock.send(protocol.encode_request("call", "budget-1", "echo", ("still-alive",)))
+        sock.send(envelope.encode_request("call", "budget-1", "echo", ("still-alive",)))
         assert sock.poll(10_000), "no reply from the peer"
-        reply = protocol.decode_reply(sock.recv())
+        reply = envelope.decode_reply(sock.recv())
     assert reply.id == "budget-1" and reply.result == "still-alive"
     pool.close()
 

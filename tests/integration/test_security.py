@@ -11,9 +11,8 @@ import pytest
 
 import zqsync
 from tests.helpers import wait_for
-from zqsync.auth import keygen, load_secret
-from zqsync.errors import ConfigurationError
-from zqsync.processes import ProcessFailed
+from zqsync.errors import ConfigurationError, ProcessFailed
+from zqsync.wire.curve import keygen, load_secret
 
 
 @pytest.fixture

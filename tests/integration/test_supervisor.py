@@ -18,7 +18,7 @@ from tests.helpers import children_of, pid_exists, wait_for
 JOBS = 2000
 
 
-def supervised(zq_worker, tmp_path, app="workers.demo:registry", processes=2, concurrency=100, **kwargs):
+def supervised(zq_worker, tmp_path, app="zqsync.demo.tasks:registry", processes=2, concurrency=100, **kwargs):
     args = ["--processes", str(processes), "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "10"]
     return zq_worker(app, extra_args=args, concurrency=concurrency, **kwargs)
 

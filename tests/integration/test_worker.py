@@ -10,8 +10,8 @@ import zmq
 
 import zqsync
 from tests.helpers import wait_for
-from zqsync import protocol
-from zqsync.client import split_endpoint
+from zqsync.wire import envelope
+from zqsync.wire.endpoints import split_endpoint
 
 
 def test_remote_error_carries_type_message_and_traceback(zq_worker):
@@ -74,7 +74,7 @@ def test_malformed_call_gets_an_error_reply_and_worker_keeps_serving(zq_worker):
         sock.connect(split_endpoint(worker.endpoint)[1])
         sock.send(b"\xc1 definitely not msgpack")
         assert sock.poll(20_000), "no reply to a malformed request"
-        reply = protocol.decode_reply(sock.recv())
+        reply = envelope.decode_reply(sock.recv())
         assert not reply.ok and reply.error["type"] == "ProtocolError"
     finally:
         sock.close(linger=0)
@@ -135,7 +135,7 @@ def test_worker_started_for_a_parent_exits_when_that_parent_dies(tmp_path):
     pid_file = tmp_path / "pid"
     launcher = (
         "import subprocess, sys, time\n"
-        "p = subprocess.Popen([sys.executable, '-m', 'zqsync', 'worker', 'workers.demo:registry', '--bind',"
+        "p = subprocess.Popen([sys.executable, '-m', 'zqsync', 'worker', 'zqsync.demo.tasks:registry', '--bind',"
         f" 'tcp://127.0.0.1:0', '--ready-file', {str(ready)!r}, '--parent-pid', str(__import__('os').getpid())])\n"
         f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(60)\n"

@@ -10,7 +10,7 @@ ROUTER (over DEALERs with odd identities, and over a ROUTER). Then raw TCP
 garbage below ZeroMQ, and frames at and just over ZMQ_MAXMSGSIZE.
 
 Replies are drained without waiting for each one. Every part is also
-decoded here with the same ``zqsync.protocol``, which predicts what the
+decoded here with the same ``zqsync.wire.envelope``, which predicts what the
 worker must count; the exact ``malformed`` and ``jobs_received`` counts and
 the reply count prove that the worker processed everything.
 """
@@ -23,7 +23,7 @@ import time
 import zqsync
 from benchmarks.fuzzframes import FuzzDriver, Stalled, frame_of_size, raw_tcp_garbage, rss_bytes, send_oversized
 from tests.helpers import wait_for
-from zqsync import protocol
+from zqsync.wire import envelope
 
 SEED = 62  # issue 6, item 2
 WARMUP = 2_000
@@ -34,7 +34,7 @@ MB = 1024 * 1024
 
 def big_frames(endpoint: str) -> dict[str, str]:
     """Frames of exactly the limit (accepted) and one byte over it (the worker drops the connection)."""
-    limit = protocol.MAX_MESSAGE_SIZE
+    limit = envelope.MAX_MESSAGE_SIZE
     return {
         "jobs, at the limit": send_oversized(endpoint, "jobs", frame_of_size(limit)),
         "rpc, at the limit": send_oversized(endpoint, "rpc", frame_of_size(limit, "call", "no_such_task")),

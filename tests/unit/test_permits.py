@@ -5,7 +5,7 @@ from __future__ import annotations
 import gevent
 import pytest
 
-from zqsync.permits import FairPermits
+from zqsync.client.permits import FairPermits
 
 
 def test_waiters_are_served_in_arrival_order_even_against_a_greedy_releaser():

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zqsync import protocol
 from zqsync.errors import ProtocolError
+from zqsync.wire import envelope
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
@@ -19,26 +19,26 @@ values = st.recursive(
 ids = st.text(min_size=1, max_size=64)
 
 
-@given(ids, st.sampled_from(protocol.KINDS), st.text(min_size=1, max_size=50), st.lists(values, max_size=4),
+@given(ids, st.sampled_from(envelope.KINDS), st.text(min_size=1, max_size=50), st.lists(values, max_size=4),
        st.dictionaries(st.text(max_size=8), values, max_size=4))
 def test_request_round_trip_is_identity(request_id, kind, task, args, kwargs):
-    decoded = protocol.decode_request(protocol.encode_request(kind, request_id, task, args, kwargs))
-    assert decoded == protocol.Request(request_id, kind, task, args, kwargs)
+    decoded = envelope.decode_request(envelope.encode_request(kind, request_id, task, args, kwargs))
+    assert decoded == envelope.Request(request_id, kind, task, args, kwargs)
 
 
 @given(ids, values)
 def test_result_reply_round_trip_is_identity(request_id, result):
-    assert protocol.decode_reply(protocol.encode_result(request_id, result)) == protocol.Reply(request_id, True, result, None)
+    assert envelope.decode_reply(envelope.encode_result(request_id, result)) == envelope.Reply(request_id, True, result, None)
 
 
 def test_error_reply_round_trip_keeps_type_message_and_traceback():
-    reply = protocol.decode_reply(protocol.encode_error("r1", "ValueError", "bad", "Traceback..."))
+    reply = envelope.decode_reply(envelope.encode_error("r1", "ValueError", "bad", "Traceback..."))
     assert not reply.ok and reply.error == {"type": "ValueError", "message": "bad", "traceback": "Traceback..."}
 
 
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_raise_protocol_error_and_nothing_else(data):
-    for decode in (protocol.decode_request, protocol.decode_reply):
+    for decode in (envelope.decode_request, envelope.decode_reply):
         try:
             decode(data)
         except ProtocolError:
@@ -59,14 +59,14 @@ def test_arbitrary_bytes_raise_protocol_error_and_nothing_else(data):
 )
 def test_invalid_request_fields_are_named_in_the_error(message, fault):
     with pytest.raises(ProtocolError, match=fault):
-        protocol.decode_request(msgpack.packb(message))
+        envelope.decode_request(msgpack.packb(message))
 
 
 def test_oversized_frame_is_refused_before_decoding():
     with pytest.raises(ProtocolError, match="exceeds"):
-        protocol.decode_request(b"\x00" * 101, max_size=100)
+        envelope.decode_request(b"\x00" * 101, max_size=100)
 
 
 def test_unserialisable_argument_raises_protocol_error():
     with pytest.raises(ProtocolError, match="cannot encode"):
-        protocol.encode_request("call", "a", "t", (object(),))
+        envelope.encode_request("call", "a", "t", (object(),))

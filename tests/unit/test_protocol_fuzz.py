@@ -34,8 +34,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.fuzzframes import HUGE_HEADERS, INT_EDGES, fuzz_message
-from zqsync import protocol
 from zqsync.errors import ProtocolError
+from zqsync.wire import envelope
 
 fuzz_settings = settings(deadline=datetime.timedelta(seconds=2), max_examples=100,
                          suppress_health_check=[HealthCheck.too_slow])
@@ -47,27 +47,27 @@ scalars = st.none() | st.booleans() | ints | st.floats() | st.text(max_size=30) 
 keys = st.text(max_size=8) | ints | st.binary(max_size=4) | st.none() | st.booleans() | st.floats(allow_nan=False)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
                       max_leaves=20)
-ids = st.text(min_size=1, max_size=protocol.MAX_ID)
-tasks = st.text(min_size=1, max_size=protocol.MAX_TASK_NAME)
+ids = st.text(min_size=1, max_size=envelope.MAX_ID)
+tasks = st.text(min_size=1, max_size=envelope.MAX_TASK_NAME)
 str_kwargs = st.dictionaries(st.text(max_size=8), values, max_size=4)
 wrong_values = values | st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=8))
 
 
 @st.composite
-def valid_requests(draw: Any) -> tuple[protocol.Request, bytes]:
-    request = protocol.Request(draw(ids), draw(st.sampled_from(protocol.KINDS)), draw(tasks),
+def valid_requests(draw: Any) -> tuple[envelope.Request, bytes]:
+    request = envelope.Request(draw(ids), draw(st.sampled_from(envelope.KINDS)), draw(tasks),
                                draw(st.lists(values, max_size=4)), draw(str_kwargs))
-    return request, protocol.encode_request(request.kind, request.id, request.task, request.args, request.kwargs)
+    return request, envelope.encode_request(request.kind, request.id, request.task, request.args, request.kwargs)
 
 
 @st.composite
-def valid_replies(draw: Any) -> tuple[protocol.Reply, bytes]:
+def valid_replies(draw: Any) -> tuple[envelope.Reply, bytes]:
     if draw(st.booleans()):
-        reply = protocol.Reply(draw(ids), True, draw(values), None)
-        return reply, protocol.encode_result(reply.id, reply.result)
+        reply = envelope.Reply(draw(ids), True, draw(values), None)
+        return reply, envelope.encode_result(reply.id, reply.result)
     error = {name: draw(st.text(max_size=40)) for name in ("type", "message", "traceback")}
-    reply = protocol.Reply(draw(ids | st.just("")), False, None, error)
-    return reply, protocol.encode_error(reply.id, error["type"], error["message"], error["traceback"])
+    reply = envelope.Reply(draw(ids | st.just("")), False, None, error)
+    return reply, envelope.encode_error(reply.id, error["type"], error["message"], error["traceback"])
 
 
 any_frame = valid_requests().map(lambda pair: pair[1]) | valid_replies().map(lambda pair: pair[1])
@@ -89,14 +89,14 @@ def same(a: Any, b: Any) -> bool:
 
 
 def well_formed_request(request: Any) -> bool:
-    return (type(request) is protocol.Request and type(request.id) is str and 1 <= len(request.id) <= protocol.MAX_ID
-            and request.kind in protocol.KINDS and type(request.task) is str
-            and 1 <= len(request.task) <= protocol.MAX_TASK_NAME and type(request.args) is list
+    return (type(request) is envelope.Request and type(request.id) is str and 1 <= len(request.id) <= envelope.MAX_ID
+            and request.kind in envelope.KINDS and type(request.task) is str
+            and 1 <= len(request.task) <= envelope.MAX_TASK_NAME and type(request.args) is list
             and type(request.kwargs) is dict and all(type(key) is str for key in request.kwargs))
 
 
 def well_formed_reply(reply: Any) -> bool:
-    if type(reply) is not protocol.Reply or type(reply.id) is not str or len(reply.id) > protocol.MAX_ID:
+    if type(reply) is not envelope.Reply or type(reply.id) is not str or len(reply.id) > envelope.MAX_ID:
         return False
     if reply.ok is True:
         return bool(reply.id) and reply.error is None
@@ -105,7 +105,7 @@ def well_formed_reply(reply: Any) -> bool:
 
 
 DECODERS: tuple[tuple[Callable[[bytes], Any], Callable[[Any], bool]], ...] = (
-    (protocol.decode_request, well_formed_request), (protocol.decode_reply, well_formed_reply))
+    (envelope.decode_request, well_formed_request), (envelope.decode_reply, well_formed_reply))
 
 
 def decodes_or_refuses(data: Any) -> None:
@@ -156,31 +156,31 @@ def with_raw(message: dict, field: str, raw: bytes) -> bytes:
 @given(valid_requests())
 def test_every_valid_request_round_trips_to_an_identical_request(pair):
     request, frame = pair
-    assert same(protocol.decode_request(frame), request)
-    assert same(protocol.decode_request(bytearray(frame)), request)
-    assert same(protocol.decode_request(memoryview(frame)), request)
+    assert same(envelope.decode_request(frame), request)
+    assert same(envelope.decode_request(bytearray(frame)), request)
+    assert same(envelope.decode_request(memoryview(frame)), request)
 
 
 @fuzz_settings
 @given(valid_replies())
 def test_every_valid_reply_round_trips_to_an_identical_reply(pair):
     reply, frame = pair
-    assert same(protocol.decode_reply(frame), reply)
+    assert same(envelope.decode_reply(frame), reply)
 
 
 @pytest.mark.parametrize("number", INT_EDGES)
 def test_ints_at_the_msgpack_edges_round_trip(number):
-    request = protocol.decode_request(protocol.encode_request("call", "a", "t", [number, [number]], {"n": {number: number}}))
+    request = envelope.decode_request(envelope.encode_request("call", "a", "t", [number, [number]], {"n": {number: number}}))
     assert same(request.args, [number, [number]]) and same(request.kwargs, {"n": {number: number}})
-    assert same(protocol.decode_reply(protocol.encode_result("a", number)).result, number)
+    assert same(envelope.decode_reply(envelope.encode_result("a", number)).result, number)
 
 
 @pytest.mark.parametrize("number", [2**64, -(2**63) - 1, 10**30])
 def test_ints_beyond_msgpack_raise_protocol_error_when_encoding(number):
     with pytest.raises(ProtocolError):
-        protocol.encode_request("call", "a", "t", [number])
+        envelope.encode_request("call", "a", "t", [number])
     with pytest.raises(ProtocolError):
-        protocol.encode_result("a", {"deep": [number]})
+        envelope.encode_result("a", {"deep": [number]})
 
 
 def nest_lists(levels: int) -> list:
@@ -191,11 +191,11 @@ def nest_lists(levels: int) -> list:
 
 
 def test_nesting_up_to_max_depth_round_trips_and_one_more_level_is_refused():
-    depth = protocol.MAX_DEPTH  # the args list and the kwargs map count as one level
-    request = protocol.decode_request(protocol.encode_request("call", "a", "t", nest_lists(depth), {"k": nest_lists(depth - 1)}))
+    depth = envelope.MAX_DEPTH  # the args list and the kwargs map count as one level
+    request = envelope.decode_request(envelope.encode_request("call", "a", "t", nest_lists(depth), {"k": nest_lists(depth - 1)}))
     assert same(request.args, nest_lists(depth)) and same(request.kwargs, {"k": nest_lists(depth - 1)})
     for args, kwargs in ((nest_lists(depth + 1), {}), ((), {"k": nest_lists(depth)})):
-        refuses(protocol.decode_request, protocol.encode_request("call", "a", "t", args, kwargs))
+        refuses(envelope.decode_request, envelope.encode_request("call", "a", "t", args, kwargs))
 
 
 @fuzz_settings
@@ -203,10 +203,10 @@ def test_nesting_up_to_max_depth_round_trips_and_one_more_level_is_refused():
                 | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=2), max_size=3))
 def test_encoding_anything_gives_a_decodable_frame_or_protocol_error(args):
     try:
-        frame = protocol.encode_request("call", "a", "t", args)
+        frame = envelope.encode_request("call", "a", "t", args)
     except ProtocolError:
         return
-    assert same(protocol.decode_request(frame).args, args)
+    assert same(envelope.decode_request(frame).args, args)
 
 
 # -- invalid bytes -----------------------------------------------------------------
@@ -270,9 +270,9 @@ def test_frames_that_are_not_bytes_raise_protocol_error(data):
 
 
 def test_the_size_limit_admits_exactly_max_size_bytes():
-    frame = protocol.encode_request("call", "a", "t", [b"x" * 1000])
-    assert protocol.decode_request(frame, max_size=len(frame)).args == [b"x" * 1000]
-    assert "exceeds" in str(refuses(lambda data: protocol.decode_request(data, max_size=len(frame) - 1), frame))
+    frame = envelope.encode_request("call", "a", "t", [b"x" * 1000])
+    assert envelope.decode_request(frame, max_size=len(frame)).args == [b"x" * 1000]
+    assert "exceeds" in str(refuses(lambda data: envelope.decode_request(data, max_size=len(frame) - 1), frame))
 
 
 # -- wrong shapes ----------------------------------------------------------------------
@@ -283,9 +283,9 @@ def invalid_for(field: str, value: Any) -> bool:
     if field == "v":
         return value != 1
     if field in ("id", "task"):
-        return type(value) is not str or not 1 <= len(value) <= (protocol.MAX_ID if field == "id" else protocol.MAX_TASK_NAME)
+        return type(value) is not str or not 1 <= len(value) <= (envelope.MAX_ID if field == "id" else envelope.MAX_TASK_NAME)
     if field == "kind":
-        return value not in protocol.KINDS
+        return value not in envelope.KINDS
     if field == "args":
         return type(value) is not list
     return type(value) is not dict or not all(type(key) is str for key in value)
@@ -293,64 +293,64 @@ def invalid_for(field: str, value: Any) -> bool:
 
 @fuzz_settings
 @given(st.sampled_from(("v", "id", "kind", "task", "args", "kwargs")),
-       wrong_values | st.text(min_size=protocol.MAX_ID + 1, max_size=protocol.MAX_TASK_NAME + 2) | st.just(""))
+       wrong_values | st.text(min_size=envelope.MAX_ID + 1, max_size=envelope.MAX_TASK_NAME + 2) | st.just(""))
 def test_a_wrong_type_or_value_in_any_request_field_raises_protocol_error(field, value):
     if isinstance(value, msgpack.ExtType) or invalid_for(field, value):
-        refuses(protocol.decode_request, pack({**REQUEST, field: value}))
+        refuses(envelope.decode_request, pack({**REQUEST, field: value}))
 
 
 @fuzz_settings
 @given(st.sampled_from(("v", "id", "ok", "error")), wrong_values)
 def test_a_wrong_type_or_value_in_any_reply_field_raises_protocol_error(field, value):
     valid = {"v": lambda v: v == 1,  # True and 1.0: see the version test
-             "id": lambda v: type(v) is str and len(v) <= protocol.MAX_ID,  # "" is allowed in an error reply
+             "id": lambda v: type(v) is str and len(v) <= envelope.MAX_ID,  # "" is allowed in an error reply
              "ok": lambda v: type(v) is bool, "error": lambda v: type(v) is dict}[field]
     if isinstance(value, msgpack.ExtType) or not valid(value):
-        refuses(protocol.decode_reply, pack({**REPLY_ERROR, field: value}))
+        refuses(envelope.decode_reply, pack({**REPLY_ERROR, field: value}))
 
 
 @pytest.mark.parametrize("value", [True, 1.0], ids=["true", "float"])
 def test_the_version_is_the_integer_1_not_a_bool_or_a_float(value):
-    refuses(protocol.decode_request, pack({**REQUEST, "v": value}))
-    refuses(protocol.decode_reply, pack({**REPLY_OK, "v": value}))
+    refuses(envelope.decode_request, pack({**REQUEST, "v": value}))
+    refuses(envelope.decode_reply, pack({**REPLY_OK, "v": value}))
 
 
 @pytest.mark.parametrize("field", ["v", "id", "kind", "task"])
 def test_a_missing_request_field_raises_protocol_error(field):
-    refuses(protocol.decode_request, pack({k: v for k, v in REQUEST.items() if k != field}))
+    refuses(envelope.decode_request, pack({k: v for k, v in REQUEST.items() if k != field}))
 
 
 @pytest.mark.parametrize("message, field", [(REPLY_OK, "v"), (REPLY_OK, "id"), (REPLY_OK, "ok"),
                                             (REPLY_ERROR, "v"), (REPLY_ERROR, "ok"), (REPLY_ERROR, "error")])
 def test_a_missing_reply_field_raises_protocol_error(message, field):
-    refuses(protocol.decode_reply, pack({k: v for k, v in message.items() if k != field}))
+    refuses(envelope.decode_reply, pack({k: v for k, v in message.items() if k != field}))
 
 
 def test_args_kwargs_and_result_are_optional():
-    request = protocol.decode_request(pack({k: v for k, v in REQUEST.items() if k not in ("args", "kwargs")}))
+    request = envelope.decode_request(pack({k: v for k, v in REQUEST.items() if k not in ("args", "kwargs")}))
     assert request.args == [] and request.kwargs == {}
-    assert protocol.decode_reply(pack({k: v for k, v in REPLY_OK.items() if k != "result"})).result is None
+    assert envelope.decode_reply(pack({k: v for k, v in REPLY_OK.items() if k != "result"})).result is None
 
 
 @fuzz_settings
 @given(st.dictionaries(keys.filter(lambda key: key not in REQUEST and key not in REPLY_ERROR), values, min_size=1, max_size=4))
 def test_extra_fields_of_any_key_type_are_ignored(extra):
-    assert same(protocol.decode_request(pack({**REQUEST, **extra})), protocol.decode_request(pack(REQUEST)))
-    assert same(protocol.decode_reply(pack({**REPLY_ERROR, **extra})), protocol.decode_reply(pack(REPLY_ERROR)))
+    assert same(envelope.decode_request(pack({**REQUEST, **extra})), envelope.decode_request(pack(REQUEST)))
+    assert same(envelope.decode_reply(pack({**REPLY_ERROR, **extra})), envelope.decode_reply(pack(REPLY_ERROR)))
 
 
 @pytest.mark.parametrize("key", [b"k", 1, None, True, 1.5, -(2**63)], ids=repr)
 def test_kwargs_with_a_non_str_key_raise_protocol_error(key):
-    refuses(protocol.decode_request, pack({**REQUEST, "kwargs": {"ok": 1, key: 2}}))
+    refuses(envelope.decode_request, pack({**REQUEST, "kwargs": {"ok": 1, key: 2}}))
 
 
 def test_non_str_keys_inside_argument_values_are_fine():
     args = [{1: "a", b"b": 2, None: [True], 1.5: {2: 3}}]
-    assert same(protocol.decode_request(pack({**REQUEST, "args": args})).args, args)
+    assert same(envelope.decode_request(pack({**REQUEST, "args": args})).args, args)
 
 
 def test_byte_string_envelope_keys_raise_protocol_error():
-    for decode, message in ((protocol.decode_request, REQUEST), (protocol.decode_reply, REPLY_OK)):
+    for decode, message in ((envelope.decode_request, REQUEST), (envelope.decode_reply, REPLY_OK)):
         refuses(decode, pack({key.encode(): value for key, value in message.items()}))
 
 
@@ -392,9 +392,9 @@ def deep(levels: int, shape: str) -> bytes:
 
 
 DEEP_CASES = [
-    *((protocol.decode_request, REQUEST, field) for field in REQUEST),
-    *((protocol.decode_reply, REPLY_OK, field) for field in REPLY_OK),
-    *((protocol.decode_reply, REPLY_ERROR, field) for field in ("ok", "error", "error.type", "error.message")),
+    *((envelope.decode_request, REQUEST, field) for field in REQUEST),
+    *((envelope.decode_reply, REPLY_OK, field) for field in REPLY_OK),
+    *((envelope.decode_reply, REPLY_ERROR, field) for field in ("ok", "error", "error.type", "error.message")),
 ]
 
 
@@ -422,7 +422,7 @@ def test_deep_nesting_in_any_field_raises_protocol_error_and_nothing_else():
 def test_the_error_message_stays_short_for_a_huge_field(field):
     """The message is logged by the worker and sent back in the error reply: it must not grow with the frame."""
     for value in (b"\x00" * 1_000_000, [False] * 999_999, "\x00" * 1_000_000):
-        error = refuses(protocol.decode_request, pack({**REQUEST, field: value}))
+        error = refuses(envelope.decode_request, pack({**REQUEST, field: value}))
         assert len(str(error)) <= 1000, f"a {len(pack(value))}-byte {field!r} gives a {len(str(error))}-character message"
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import zqsync
-from zqsync.client import split_endpoint
 from zqsync.errors import ConfigurationError
 from zqsync.settings import ClientSettings
+from zqsync.wire.endpoints import split_endpoint
 from zqsync.worker import Registry
 
 
@@ -43,7 +43,7 @@ def test_malformed_endpoints_are_refused_with_the_expected_shape(endpoint):
 
 def test_default_client_without_endpoint_says_what_to_set(monkeypatch):
     monkeypatch.delenv("ZQSYNC_ENDPOINT", raising=False)
-    monkeypatch.setattr(zqsync.client, "_default", None)
+    monkeypatch.setattr(zqsync.client.client, "_default", None)
     with pytest.raises(ConfigurationError, match="ZQSYNC_ENDPOINT"):
         zqsync.call("add", 1, 2)
 
@@ -51,13 +51,13 @@ def test_default_client_without_endpoint_says_what_to_set(monkeypatch):
 def test_default_client_uses_zqsync_endpoint(monkeypatch, zq_worker):
     worker = zq_worker()
     monkeypatch.setenv("ZQSYNC_ENDPOINT", worker.endpoint)
-    monkeypatch.setattr(zqsync.client, "_default", None)
+    monkeypatch.setattr(zqsync.client.client, "_default", None)
     try:
         assert zqsync.call("add", 20, 22) == 42
         assert len(zqsync.enqueue("add", 1, 1)) == 32
     finally:
         zqsync.default_client().close()
-        zqsync.client._default = None
+        zqsync.client.client._default = None
 
 
 def test_registry_registers_bare_and_named_tasks():

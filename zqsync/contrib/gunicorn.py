@@ -19,7 +19,7 @@ import logging
 import os
 from typing import Any
 
-from ..client import close_all
+from ..client.client import close_all
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client import multiprocess as _multiprocess
 from prometheus_client.exposition import generate_latest
 
-from ..client import all_clients
+from .._common import live_clients
 
 PREFIX = "zqsync"
 
@@ -96,7 +96,7 @@ class MetricsSync:
         """Read the current counters and bring the metrics up to date."""
         totals: dict[str, float] = dict.fromkeys(CLIENT_COUNTERS, 0)
         pools: dict[str, dict[str, float]] = {"push": {}, "dealer": {}}
-        for client in all_clients():
+        for client in live_clients():
             stats = client.stats()
             for key in CLIENT_COUNTERS:
                 totals[key] += stats[key]

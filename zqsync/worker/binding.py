@@ -8,9 +8,9 @@ from typing import Optional
 
 import zmq
 
-from ..auth import is_loopback, server_options
-from ..client import parse_endpoint
 from ..errors import ConfigurationError
+from ..wire.curve import server_options
+from ..wire.endpoints import is_loopback, parse_endpoint
 
 log = logging.getLogger(__name__)
 

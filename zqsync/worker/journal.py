@@ -24,7 +24,8 @@ import sqlite3
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Optional
 
-from ..permits import native_lock
+from .._common import native_lock
+from ..errors import ConfigurationError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -90,7 +91,7 @@ class Journal:
 
     def __init__(self, state_dir: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0) -> None:
         if synchronous.upper() not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+            raise ConfigurationError(f"journal synchronous must be NORMAL or FULL, got {synchronous!r}", setting="journal_sync")
         os.makedirs(state_dir, exist_ok=True)
         self.path = journal_path(state_dir)
         self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)

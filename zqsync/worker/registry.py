@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Optional, TypeVar, overload
 
 from ..errors import ConfigurationError
-from ..protocol import MAX_TASK_NAME
+from ..wire.envelope import MAX_TASK_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: Names under this prefix are the worker's built-in tasks.

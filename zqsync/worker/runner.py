@@ -15,9 +15,9 @@ from typing import Any, Callable, Optional, Union
 
 import gevent
 
-from .. import protocol
-from ..errors import ProtocolError
+from ..errors import NoJournal, ProtocolError, TimeLimitExceeded, UnknownTask
 from ..logs import RateLimitedLog
+from ..wire import envelope as protocol
 from .durations import Durations
 from .registry import Registry, Task
 
@@ -95,15 +95,15 @@ class Runner:
             request = protocol.decode_request(frame)
         except ProtocolError as exc:
             self.counters["malformed"] += 1
-            return protocol.encode_error("", "ProtocolError", f"malformed request: {exc}")
+            return protocol.encode_error("", ProtocolError.__name__, f"malformed request: {exc}")
         if request.kind == "job":
-            return protocol.encode_error(request.id, "ProtocolError", "a plain job belongs on the jobs socket")
+            return protocol.encode_error(request.id, ProtocolError.__name__, "a plain job belongs on the jobs socket")
         task = self._lookup(request)
         if task is None:
             self.counters["unknown_task"] += 1
             known = ", ".join(self.registry.names()) or "none"
             return protocol.encode_error(
-                request.id, "UnknownTask", f"no task named {request.task!r} is registered (known: {known})"
+                request.id, UnknownTask.__name__, f"no task named {request.task!r} is registered (known: {known})"
             )
         return request, task
 
@@ -138,7 +138,7 @@ class Runner:
         """Journal a confirmed job and acknowledge it; returns the reply frame."""
         if self.confirm is None:
             return protocol.encode_error(
-                request.id, "NoJournal",
+                request.id, NoJournal.__name__,
                 "this worker keeps no journal, so it cannot confirm jobs: start it with --state-dir DIR",
             )
         self.counters["confirmed_received"] += 1
@@ -160,7 +160,7 @@ class Runner:
             if ex is not timer:
                 raise
             self.counters["timed_out"] += 1
-            return False, ("TimeLimitExceeded", f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
+            return False, (TimeLimitExceeded.__name__, f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
         except Exception as exc:
             return False, (type(exc).__name__, str(exc), traceback.format_exc())
         finally:

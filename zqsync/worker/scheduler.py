@@ -25,8 +25,9 @@ import gevent.lock
 import gevent.pool
 import gevent.queue
 
-from .. import protocol
+from .._common import pid_alive
 from ..errors import ProtocolError
+from ..wire import envelope as protocol
 from .journal import Journal, Outcome, Row
 from .registry import Task
 from .runner import ErrorInfo, Runner
@@ -45,17 +46,6 @@ class Job(NamedTuple):
     attempts: int = 0
     durable: bool = False
     admitted: bool = False  # holds a backlog place until it starts
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one we may not signal counts as existing)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class JobScheduler:

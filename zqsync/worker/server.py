@@ -34,11 +34,10 @@ import zmq
 import zmq.green
 import zmq.utils.monitor
 
-from .. import lifecycle, settings
-from ..auth import GeventAuthenticator
-from ..client import all_clients
-from ..errors import ConfigurationError
-from ..protocol import MAX_MESSAGE_SIZE, encode_error
+from .. import _common, settings
+from ..errors import ConfigurationError, ProtocolError, WorkerShutdown
+from ..wire.envelope import MAX_MESSAGE_SIZE, encode_error
+from .auth import GeventAuthenticator
 from .binding import bind_pair
 from .journal import Journal
 from .registry import Registry
@@ -153,7 +152,7 @@ class Worker:
         self.jobs = context.socket(zmq.PULL)
         self.rpc = context.socket(zmq.ROUTER)
         self._sockets += [self.jobs, self.rpc]
-        os.register_at_fork(after_in_child=partial(_after_fork, weakref.ref(self)))
+        _common.on_fork_in_child(partial(_after_fork, weakref.ref(self)))
         for sock in (self.jobs, self.rpc):
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.RCVHWM, self.hwm)
@@ -206,8 +205,8 @@ class Worker:
         """
         current = gevent.getcurrent()
         for sock in self._sockets:
-            lifecycle.disown(sock)
-        lifecycle.orphans.append(self._context)
+            _common.disown(sock)
+        _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(),
                   *self._slots.greenlets, *self._admissions.greenlets]
         for greenlet in copies:
@@ -252,11 +251,8 @@ class Worker:
         self._on_signal(signal.SIGTERM)
 
     def _write_ready_file(self) -> None:
-        if self.ready_file:
-            temporary = f"{self.ready_file}.tmp{os.getpid()}"
-            with open(temporary, "w") as handle:
-                handle.write(f"{self.endpoint}\n")
-            os.replace(temporary, self.ready_file)
+        if self.ready_file and self.endpoint:
+            _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _receive_jobs(self) -> None:
         while True:
@@ -284,7 +280,7 @@ class Worker:
     def _decode(self, frames: list[bytes]) -> Any:
         if len(frames) != self._envelope + 1:
             self.runner.counters["malformed"] += 1
-            return encode_error("", "ProtocolError", f"expected one body frame, got {len(frames) - self._envelope}")
+            return encode_error("", ProtocolError.__name__, f"expected one body frame, got {len(frames) - self._envelope}")
         return self.runner.decode_rpc(frames[-1])
 
     def _note_identity(self, identity: bytes) -> None:
@@ -295,7 +291,8 @@ class Worker:
         try:
             reply = answer(request, task)
         except gevent.GreenletExit:
-            self._reply(envelope, encode_error(request.id, "WorkerShutdown", "the worker stopped before the task finished"))
+            stopped = encode_error(request.id, WorkerShutdown.__name__, "the worker stopped before the task finished")
+            self._reply(envelope, stopped)
             raise
         self._reply(envelope, reply)
 
@@ -376,5 +373,5 @@ class Worker:
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
             **self.connections,
             "durations": self.runner.durations.percentiles(),
-            "clients": [client.stats() for client in all_clients()],
+            "clients": [client.stats() for client in _common.live_clients()],
         }

@@ -34,9 +34,9 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from .. import settings
-from ..auth import start_thread_authenticator
+from .. import _common, settings
 from ..errors import ConfigurationError
+from .auth import start_thread_authenticator
 from .binding import bind_pair
 
 log = logging.getLogger(__name__)
@@ -266,10 +266,7 @@ class Supervisor:
 
     def _write_ready_file(self) -> None:
         if self.ready_file:
-            temporary = f"{self.ready_file}.tmp{os.getpid()}"
-            with open(temporary, "w") as handle:
-                handle.write(f"{self.endpoint}\n")
-            os.replace(temporary, self.ready_file)
+            _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _stop_children(self) -> None:
         cold = signal.SIGQUIT in self._signals

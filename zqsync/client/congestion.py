@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import weakref
 from typing import Any, Optional
 
 import zmq
 
+from .. import _common
+from ..errors import Congested
+from ..logs import RateLimitedLog
 from . import transport
-from .errors import Congested
-from .logs import RateLimitedLog
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class CongestionState:
 
     def __init__(self) -> None:
         self._reset()
-        os.register_at_fork(after_in_child=self._reset)
+        _common.on_fork_in_child(self._reset)
 
     def _reset(self) -> None:
         self._marked: set[Any] = set()

@@ -40,11 +40,12 @@ from typing import Any, Optional, Union
 import greenlet
 import zmq
 
+from .. import _common
+from ..errors import PoolError, ZqsyncWarning
+from ..settings import ClientSettings
 from . import lifecycle
-from .errors import PoolError
 from .owner import Owner, current_owner
-from .permits import native_lock, new_permits
-from .settings import ClientSettings
+from .permits import new_permits
 
 Address = Union[str, tuple]
 #: Seconds between two searches for owners that ended (rule 8).
@@ -52,10 +53,6 @@ SWEEP_INTERVAL = 1.0
 
 #: greenlet -> pool, for every lease in progress (nested-lease detection).
 _holders: dict[Any, "SocketPool"] = {}
-
-
-class ZqsyncWarning(RuntimeWarning):
-    """A configuration that will fail under load (for example the socket budget)."""
 
 
 class SocketPool:
@@ -104,7 +101,7 @@ class SocketPool:
         self._connect_timeout_ms = int(resolved.connect_timeout * 1000)
         self._hwm = resolved.hwm
         self._options = dict(options or {})
-        self._lock = native_lock()
+        self._lock = _common.native_lock()
         self._closed = False
         self._addresses: set[Any] = set()
         self._warned_budget = False
@@ -138,10 +135,10 @@ class SocketPool:
         me = greenlet.getcurrent()
         doomed = [holder for holder in self._leased.values() if holder is not me]
         for sock in [*self._leased, *(sock for bucket in self._idle.values() for sock in bucket)]:
-            lifecycle.disown(sock)
+            _common.disown(sock)
         if self._context is not None:
-            lifecycle.orphans.append(self._context)
-        self._lock = native_lock()
+            _common.orphans.append(self._context)
+        self._lock = _common.native_lock()
         self._reset_state(os.getpid())
         _kill_copied_greenlets(doomed)
 

@@ -2,7 +2,7 @@
 
 Run them with::
 
-    zqsync worker workers.demo:registry --bind tcp://127.0.0.1:5555
+    zqsync worker zqsync.demo.tasks:registry --bind tcp://127.0.0.1:5555
 """
 
 from __future__ import annotations

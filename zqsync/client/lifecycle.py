@@ -2,7 +2,7 @@
 
 Every :class:`~zqsync.pool.SocketPool` registers here. After ``fork`` the
 child resets each pool, and sockets or contexts inherited from the parent are
-kept referenced in :data:`orphans`, never closed: a close in the child would
+kept referenced in ``_common.orphans``, never closed: a close in the child would
 write into the parent's I/O thread mailbox (pyzmq's pid guard would skip it
 anyway, but nothing here relies on garbage collection order). At interpreter
 exit every pool of this process is closed with its bounded linger.
@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import zmq
 
+from .. import _common
+
 #: Pools alive in this process.
 pools: "weakref.WeakSet[Any]" = weakref.WeakSet()
-#: Sockets and contexts inherited across fork: kept referenced, never closed.
-orphans: list[Any] = []
 _fork_callbacks: list[Callable[[], None]] = []
 _installed = False
 
@@ -33,40 +33,16 @@ def track(pool: Any, *, on_fork: Callable[[], None] | None = None) -> None:
     global _installed
     if not _installed:
         _installed = True
-        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _common.on_fork_in_child(_after_fork_in_child)
         atexit.register(_close_all_at_exit)
     if on_fork is not None and on_fork not in _fork_callbacks:
         _fork_callbacks.append(on_fork)
     pools.add(pool)
 
 
-def _stop_watcher(sock: zmq.Socket) -> None:
-    watcher = getattr(sock, "_state_event", None)
-    if watcher is not None:
-        try:
-            watcher.stop()
-        except Exception:  # a watcher of a loop already gone: nothing to stop
-            pass
-
-
-def disown(sock: zmq.Socket) -> None:
-    """In a forked child: make an inherited socket unusable without any libzmq call.
-
-    Its gevent watcher is stopped and pyzmq is told it is closed (its
-    ``_closed`` flag), so any later use in the child, by a copied greenlet or
-    a ``finally`` clause of zmq.green, raises ``ENOTSOCK`` instead of running
-    libzmq code that would drain the parent's I/O thread mailbox; a later
-    ``close()`` or garbage collection does nothing. The object is kept in
-    :data:`orphans`.
-    """
-    _stop_watcher(sock)
-    sock._closed = True
-    orphans.append(sock)
-
-
 def close_foreign(sock: zmq.Socket, linger_ms: int) -> None:
     """Close a socket possibly created under another (maybe destroyed) hub, bypassing its watcher."""
-    _stop_watcher(sock)
+    _common.stop_watcher(sock)
     if hasattr(sock, "_state_event"):
         sock._state_event = None
     zmq.Socket.close(sock, linger=linger_ms)

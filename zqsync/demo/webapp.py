@@ -4,9 +4,9 @@ The client is created at import time, so under ``gunicorn --preload`` it is
 created in the master and inherited by every forked worker; each worker
 still opens its own sockets on first use and reuses them across requests.
 
-Run it (with a worker serving workers.demo:registry on ZQSYNC_ENDPOINT)::
+Run it (with a worker serving zqsync.demo.tasks:registry on ZQSYNC_ENDPOINT)::
 
-    ZQSYNC_ENDPOINT=tcp://127.0.0.1:5555 gunicorn -c examples/gunicorn.conf.py --chdir examples webapp:app
+    ZQSYNC_ENDPOINT=tcp://127.0.0.1:5555 gunicorn -c python:zqsync.demo.gunicorn_conf zqsync.demo.webapp:app
 """
 
 from __future__ import annotations

@@ -9,51 +9,22 @@ through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
-import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
 
-from . import protocol, transport
-from .auth import Curve
+from .. import _common
+from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, RemoteError, Unconfirmed, remote_error
+from ..settings import ClientSettings, default_endpoint
+from ..wire import envelope as protocol
+from ..wire.curve import Curve
+from ..wire.endpoints import split_endpoint
+from . import transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
-from .errors import CallTimeout, ConfigurationError, PoolError, RemoteError, Unconfirmed, UnknownTask, ZqsyncError
 from .pool import SocketPool
-from .settings import ClientSettings, default_endpoint
-
-_ENDPOINT = re.compile(r"^tcp://(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
-_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
-
-
-def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int]:
-    """Split ``"tcp://HOST:PORT"`` into ``("tcp://HOST", PORT)``.
-
-    :param allow_zero: accept PORT 0 ("pick a free port", for binding).
-    :raises ConfigurationError: not ``tcp://HOST:PORT`` with PORT in 1..65534 (or 0 if allowed).
-    """
-    match = _ENDPOINT.match(endpoint.strip()) if isinstance(endpoint, str) else None
-    port = int(match["port"]) if match else -1
-    if match is None or not (1 <= port <= 65534 or (allow_zero and port == 0)):
-        raise ConfigurationError(
-            f"worker endpoint must look like tcp://HOST:PORT (jobs on PORT, rpc on PORT+1), got {endpoint!r}",
-            setting="endpoint",
-        )
-    return f"tcp://{match['host']}", port
-
-
-def split_endpoint(endpoint: str) -> tuple[str, str]:
-    """Map a worker's base endpoint to its ``(jobs, rpc)`` endpoints.
-
-    ``"tcp://127.0.0.1:5555"`` gives ``("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556")``.
-
-    :raises ConfigurationError: not a ``tcp://HOST:PORT`` endpoint with 1 <= PORT <= 65534.
-    """
-    host, port = parse_endpoint(endpoint)
-    return f"{host}:{port}", f"{host}:{port + 1}"
 
 
 class Client:
@@ -137,7 +108,7 @@ class Client:
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )
         self._closed = False
-        _clients.add(self)
+        _common.track_client(self)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -317,7 +288,7 @@ class Client:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ZqsyncError("this Client is closed")
+            raise ClientClosed(f"this Client of {list(self.endpoints)} is closed")
 
     def __enter__(self) -> "Client":
         return self
@@ -331,8 +302,7 @@ class Client:
 
 def _remote_error(reply: protocol.Reply) -> RemoteError:
     error = reply.error or {}
-    error_class = UnknownTask if error.get("type") == "UnknownTask" else RemoteError
-    return error_class(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""))
+    return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""))
 
 
 def _task_name(task: str) -> str:
@@ -370,15 +340,10 @@ def call(task: str, *args: Any, **kwargs: Any) -> Any:
     return default_client().call(task, *args, **kwargs)
 
 
-def all_clients() -> list[Client]:
-    """Every client built in this process and not garbage-collected (for metrics)."""
-    return list(_clients)
-
-
 def close_all(*, linger: Optional[float] = None) -> None:
     """Close every client of this process (for gunicorn's ``worker_exit``).
 
     :param linger: seconds each may spend flushing queued jobs.
     """
-    for client in all_clients():
+    for client in _common.live_clients():
         client.close(linger=linger)

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 VERSION = 1
 KINDS = ("job", "call", "confirm")

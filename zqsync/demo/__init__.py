@@ -1,7 +1,8 @@
 """``zqsync demo``: the main job end to end on loopback.
 
-A worker serves ``workers/demo.py``; real ``gunicorn -k gevent`` serves
-``examples/webapp.py``; N HTTP requests each enqueue one job and make one
+A worker serves ``zqsync.demo.tasks``; real ``gunicorn -k gevent`` serves
+``zqsync.demo.webapp`` (both ship in the package, so the demo runs from any
+directory); N HTTP requests each enqueue one job and make one
 call. The summary shows throughput, that no job or call was lost, and how
 few client sockets the worker saw per gunicorn process.
 """
@@ -11,33 +12,15 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
-import os
 import sys
 import threading
 import time
 from collections import Counter
 from typing import Any, Optional
 
-from .client import Client
-from .processes import GunicornProcess, ProcessFailed, WorkerProcess
-from .settings import ClientSettings
-
-
-def find_root(start: Optional[str] = None) -> str:
-    """The zqsync checkout holding ``workers/demo.py`` and ``examples/webapp.py`` (cwd or a parent).
-
-    :raises ProcessFailed: not run from inside a checkout.
-    """
-    here = os.path.abspath(start or os.getcwd())
-    while True:
-        if os.path.isfile(os.path.join(here, "workers", "demo.py")) and os.path.isfile(
-            os.path.join(here, "examples", "webapp.py")
-        ):
-            return here
-        parent = os.path.dirname(here)
-        if parent == here:
-            raise ProcessFailed("zqsync demo runs from a zqsync checkout (it needs workers/ and examples/)")
-        here = parent
+from ..client.client import Client
+from ..processes import GunicornProcess, WorkerProcess
+from ..settings import ClientSettings
 
 
 class _Driver:
@@ -108,14 +91,12 @@ def run_demo(*, requests: int, concurrency: int, web_workers: int, preload: bool
     """Run the demo; returns 0 if every request, job and call succeeded and sockets were reused."""
     from tqdm import tqdm
 
-    root = find_root()
     pool_size = ClientSettings.from_env().pool_size
     mode = f"gunicorn -k gevent -w {web_workers}{' --preload' if preload else ''}"
     print(f"zqsync demo: {requests} requests, concurrency {concurrency}, {mode}, worker on loopback", flush=True)
-    with WorkerProcess("workers.demo:registry", cwd=root, extra_args=["--log-level", "warning"]) as worker:
+    with WorkerProcess("zqsync.demo.tasks:registry", extra_args=["--log-level", "warning"]) as worker:
         web = GunicornProcess(
-            "webapp:app", chdir=os.path.join(root, "examples"),
-            config=os.path.join(root, "examples", "gunicorn.conf.py"),
+            "zqsync.demo.webapp:app", config="python:zqsync.demo.gunicorn_conf",
             workers=web_workers, preload=preload, env={"ZQSYNC_ENDPOINT": worker.endpoint},
         )
         with web:

@@ -10,21 +10,12 @@ monkey-patching, so a lease in a plain thread never creates a hub.
 
 from __future__ import annotations
 
-import _thread
 import collections
-import sys
 import time
 from typing import Any, Optional
 
+from .._common import native_lock
 from .owner import Owner
-
-
-def native_lock() -> Any:
-    """A real (never monkey-patched) ``_thread`` lock."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original("_thread", "allocate_lock")()
-    return _thread.allocate_lock()
 
 
 class ThreadPermits:

@@ -1,0 +1,67 @@
+"""Every zqsync error pickles with its fields, and the worker's error names map to client classes."""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+
+import pytest
+
+from zqsync import errors
+
+#: One instance of every error class, built with the arguments its raisers pass.
+SAMPLES = [
+    errors.ZqsyncError("root"),
+    errors.ClientClosed("this Client of ['tcp://127.0.0.1:5555'] is closed"),
+    errors.ProcessFailed("worker did not start"),
+    errors.ForkFailed("forked child 12 hung"),
+    errors.ConfigurationError("pool_size must be at least 1, got 0", setting="pool_size"),
+    errors.ProtocolError("frame too large"),
+    errors.PoolError("no pooled socket came free"),
+    errors.CallTimeout("add", 2.5),
+    errors.Congested(("tcp://127.0.0.1:5555", "tcp://127.0.0.1:5557"), 0.5),
+    errors.Unconfirmed("ab" * 16, 10.0, "no reply"),
+    errors.RemoteError("ValueError", "bad", "Traceback ..."),
+    errors.UnknownTask("UnknownTask", "no task named 'x'", ""),
+    errors.NoJournal("NoJournal", "start it with --state-dir", ""),
+    errors.TimeLimitExceeded("TimeLimitExceeded", "over 0.5 s", ""),
+    errors.WorkerShutdown("WorkerShutdown", "stopped", ""),
+    errors.RequestRejected("ProtocolError", "malformed request", ""),
+]
+
+
+def every_error_class() -> set[type]:
+    return {obj for _, obj in inspect.getmembers(errors, inspect.isclass)
+            if issubclass(obj, errors.ZqsyncError)}
+
+
+def test_the_samples_cover_every_error_class():
+    assert {type(sample) for sample in SAMPLES} == every_error_class()
+
+
+@pytest.mark.parametrize("error", SAMPLES, ids=lambda error: type(error).__name__)
+def test_error_survives_pickle_with_its_fields(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    assert copy.args == error.args
+    assert vars(copy) == vars(error)
+    assert vars(error) or type(error) in (errors.ZqsyncError, errors.ClientClosed, errors.ProcessFailed,
+                                          errors.ForkFailed, errors.ProtocolError, errors.PoolError)
+
+
+def test_call_timeout_keeps_task_and_timeout_across_pickle():
+    copy = pickle.loads(pickle.dumps(errors.CallTimeout("add", 2.5)))
+    assert (copy.task, copy.timeout) == ("add", 2.5)
+    assert isinstance(copy, TimeoutError)
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("UnknownTask", errors.UnknownTask), ("NoJournal", errors.NoJournal),
+    ("TimeLimitExceeded", errors.TimeLimitExceeded), ("WorkerShutdown", errors.WorkerShutdown),
+    ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
+])
+def test_a_worker_error_name_maps_to_its_client_class(name, cls):
+    error = errors.remote_error(name, "message", "tb")
+    assert type(error) is cls
+    assert (error.remote_type, error.remote_message, error.remote_traceback) == (name, "message", "tb")

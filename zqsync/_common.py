@@ -1,0 +1,104 @@
+"""Low-level helpers that both the client and the worker use (private).
+
+* :func:`native_lock`: a real thread lock even under gevent monkey-patching.
+* :func:`pid_alive`: whether a process exists.
+* :func:`write_ready_file`: announce an endpoint atomically (supervisors and tests wait for it).
+* :func:`on_fork_in_child`: the one place fork hooks are registered.
+* :func:`disown`: make a socket inherited across ``fork`` inert in the child.
+* :func:`track_client` / :func:`live_clients`: the clients of this process,
+  which the worker's stats and the Prometheus exporter report without
+  importing the client package.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import weakref
+from typing import Any, Callable
+
+#: Sockets and contexts inherited across fork: kept referenced, never closed.
+orphans: list[Any] = []
+_fork_callbacks: list[Callable[[], None]] = []
+_clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def native_lock() -> Any:
+    """A real (never monkey-patched) ``_thread`` lock."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None:
+        return monkey.get_original("_thread", "allocate_lock")()
+    return _thread.allocate_lock()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one we may not signal counts as existing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_ready_file(path: str, endpoint: str) -> None:
+    """Write ``endpoint`` and a newline to ``path`` atomically (a temporary file, then ``os.replace``)."""
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(f"{endpoint}\n")
+    os.replace(temporary, path)
+
+
+def on_fork_in_child(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` in every child forked from now on, in registration order.
+
+    One ``os.register_at_fork`` hook serves every callback, so their order is
+    the registration order. A callback that needs to die with its object holds
+    it through a weak reference. C-level forks (``fork(2)`` from a C
+    extension) skip the hook: code that must notice them also checks the pid.
+    """
+    if not _fork_callbacks:
+        os.register_at_fork(after_in_child=_run_fork_callbacks)
+    _fork_callbacks.append(callback)
+
+
+def _run_fork_callbacks() -> None:
+    for callback in list(_fork_callbacks):
+        callback()
+
+
+def disown(sock: Any) -> None:
+    """In a forked child: make an inherited socket unusable without any libzmq call.
+
+    Its gevent watcher is stopped and pyzmq is told it is closed (its
+    ``_closed`` flag), so any later use in the child, by a copied greenlet or
+    a ``finally`` clause of zmq.green, raises ``ENOTSOCK`` instead of running
+    libzmq code that would drain the parent's I/O thread mailbox; a later
+    ``close()`` or garbage collection does nothing. The object is kept in
+    :data:`orphans`.
+    """
+    stop_watcher(sock)
+    sock._closed = True
+    orphans.append(sock)
+
+
+def stop_watcher(sock: Any) -> None:
+    """Stop a ``zmq.green`` socket's gevent watcher, if it has one (a no-op on plain sockets)."""
+    watcher = getattr(sock, "_state_event", None)
+    if watcher is not None:
+        try:
+            watcher.stop()
+        except Exception:  # a watcher of a loop already gone: nothing to stop
+            pass
+
+
+def track_client(client: Any) -> None:
+    """Remember ``client`` (weakly) as one of this process's clients."""
+    _clients.add(client)
+
+
+def live_clients() -> list[Any]:
+    """Every client built in this process and not garbage-collected."""
+    return list(_clients)

@@ -1,0 +1,1 @@
+"""The wire: the msgpack envelope, worker endpoints and CURVE keys, shared by client and worker."""
