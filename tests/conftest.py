@@ -12,5 +12,5 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def root() -> str:
-    """The repository root (workers/ and examples/ live there)."""
+    """The repository root (examples/ and benchmarks/ live there)."""
     return ROOT

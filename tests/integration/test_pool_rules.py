@@ -1,4 +1,4 @@
-"""Pool rules 4, 6, 7 and 8 of DESIGN.md, asserted from the peer's side where the behaviour is visible there.
+"""Pool rules 4, 6, 7 and 8 of docs/design.md, asserted from the peer's side where the behaviour is visible there.
 
 A peer is a real worker; it records the ZMQ identity of every socket that
 calls it and counts the TCP connections it accepted and lost.

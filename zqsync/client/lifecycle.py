@@ -1,4 +1,4 @@
-"""Process-wide lifecycle of socket pools: fork and interpreter exit (DESIGN.md, pool rules 9 and 11).
+"""Process-wide lifecycle of socket pools: fork and interpreter exit (docs/design.md, pool rules 9 and 11).
 
 Every :class:`~zqsync.pool.SocketPool` registers here. After ``fork`` the
 child resets each pool, and sockets or contexts inherited from the parent are

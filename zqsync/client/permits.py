@@ -1,4 +1,4 @@
-"""Per-owner permits that cap sockets in flight (DESIGN.md, pool rules 5 and 6).
+"""Per-owner permits that cap sockets in flight (docs/design.md, pool rules 5 and 6).
 
 A hub owner waits cooperatively on :class:`FairPermits`, first come first
 served. (``gevent.lock.BoundedSemaphore`` lets a greenlet that just released

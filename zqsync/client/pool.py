@@ -1,6 +1,6 @@
 """SocketPool: connected PUSH/DEALER sockets reused across requests.
 
-This module carries the correctness argument of DESIGN.md ("The pool"); the
+This module carries the correctness argument of docs/design.md ("The pool's rules"); the
 rule numbers below refer to it.
 
 * Sockets are bucketed by ``(owner, address)``; the owner is ``(pid, hub)``

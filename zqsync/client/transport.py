@@ -1,6 +1,6 @@
 """Deadline-bounded send and receive for plain and green (``zmq.green``) sockets.
 
-zmq.green ignores ``RCVTIMEO``/``SNDTIMEO`` (DESIGN.md, pool rule 12), so a
+zmq.green ignores ``RCVTIMEO``/``SNDTIMEO`` (docs/design.md, pool rule 12), so a
 green socket waits under a ``gevent.Timeout``; only our own timer is
 swallowed, and a caller's ``gevent.Timeout`` propagates untouched (gevent's
 ``except Timeout as ex: if ex is not timer: raise`` idiom). A plain socket

@@ -15,7 +15,7 @@ Reply (worker to client, on the rpc socket only; an error reply has an empty
     {"v": 1, "id": str, "ok": false, "error": {"type": str, "message": str, "traceback": str}}
 
 ``id`` is the job id or request id, echoed in every reply so that a client
-can recognise and drop a stray reply (DESIGN.md, pool rule 3). Decoding
+can recognise and drop a stray reply (docs/design.md, pool rule 3). Decoding
 validates every field it uses and raises :class:`~zqsync.errors.ProtocolError`
 and nothing else. Task arguments and results must be msgpack-serialisable:
 ``None``, bool, int, float, str, bytes, lists/tuples and maps of those.
