@@ -1,4 +1,4 @@
-"""Multi-host (issue 5 item 4): one client, two workers on three "hosts", and a cable cut.
+"""Multi-host (docs/scenarios.md): one client, two workers on three "hosts", and a cable cut.
 
 The hosts are network namespaces on a private bridge (``tests/e2e/netns.py``):
 ``c`` (the client) and ``w1``/``w2`` (a real ``zqsync worker`` each, with a

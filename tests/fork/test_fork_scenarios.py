@@ -1,4 +1,4 @@
-"""Fork scenarios S01, S02 and S12 (cases/public-scenarios.md) with real forks and real workers.
+"""Fork scenarios S01, S02 and S12 (docs/scenarios.md) with real forks and real workers.
 
 Reuse and discard are proven from the worker's side: every pooled socket
 carries the identity ``zq-<pid>-<random>``, and the worker reports the

@@ -1,4 +1,4 @@
-"""Congestion control against real workers stalled with SIGSTOP (issue 4, S14).
+"""Congestion control against real workers stalled with SIGSTOP (docs/design.md, "Congestion control"; docs/scenarios.md, S14).
 
 A stopped worker stops draining its PULL socket; once the client's HWM and
 the kernel's socket buffers are full, a PUSH cannot send. Payloads are large

@@ -1,4 +1,4 @@
-"""Pool scenarios S05-S11 and S13 (cases/public-scenarios.md) against real workers and sockets.
+"""Pool scenarios S05-S11 and S13 (docs/scenarios.md) against real workers and sockets.
 
 Reuse and discard are proven from the peer's side: the worker (or the raw
 ROUTER peer below) records the ZMQ identity of every socket that calls it.

@@ -1,4 +1,4 @@
-"""S04: a client built in the main thread and used from other threads (cases/public-scenarios.md).
+"""S04: a client built in the main thread and used from other threads (docs/scenarios.md).
 
 Plain run: ``threading.Thread`` is a native thread, which is its own owner
 (rule 1), so it dials its own socket. Monkey-patched run: ``threading.Thread``
