@@ -9,6 +9,12 @@ import pytest
 MONKEY_PATCHED = "gevent.monkey" in sys.modules and sys.modules["gevent.monkey"].is_anything_patched()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+if os.environ.get("ZQSYNC_TEST_MONKEY") == "1" and not MONKEY_PATCHED:
+    # tox's gevent env sets this and patches before pytest starts; a run that
+    # sets it without patching would pass while testing the plain mode twice.
+    raise pytest.UsageError("ZQSYNC_TEST_MONKEY=1 but gevent.monkey.patch_all() did not run before pytest: "
+                            "run the suite through `tox -e gevent`")
+
 
 @pytest.fixture
 def root() -> str:
