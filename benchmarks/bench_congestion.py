@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterator, Optional
 import zmq
 
 import zqsync
-from benchmarks.bench_pool import (
+from benchmarks.harness import (
     PAYLOAD,
     REPO_ROOT,
     Env,

@@ -42,19 +42,19 @@ from typing import Any, Callable, Optional
 import zmq
 
 import zqsync
-from benchmarks.bench_pool import (
+from benchmarks.harness import (
     PAYLOAD,
     Env,
     Row,
-    _dealer,
-    _round_trip,
     base_parser,
     checked,
+    dealer,
     describe,
     distribution,
     interleaved,
     progress,
     render_table,
+    round_trip,
     running_worker,
     size_for,
 )
@@ -115,8 +115,8 @@ def child_bodies(client: zqsync.Client, endpoint: str) -> dict[str, ChildBody]:
 
     def raw() -> int:
         context = zmq.Context(io_threads=1)  # what the pool builds
-        sock = _dealer(Env(endpoint, split_endpoint(endpoint)[1], context))
-        return 0 if _round_trip(sock, PAYLOAD) == PAYLOAD else 3
+        sock = dealer(Env(endpoint, split_endpoint(endpoint)[1], context))
+        return 0 if round_trip(sock, PAYLOAD) == PAYLOAD else 3
 
     return {"bare": bare, "zqsync": inherited, "raw": raw}
 

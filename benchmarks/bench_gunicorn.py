@@ -54,16 +54,16 @@ import threading
 import time
 from typing import Any, Iterator, NamedTuple, Optional
 
-from benchmarks.bench_pool import (
+from benchmarks.harness import (
     LAYOUTS,
     REPO_ROOT,
     Row,
-    _pin,
     base_parser,
     checked,
     describe,
     distribution,
     interleaved,
+    pin,
     progress,
     render_table,
     size_for,
@@ -216,11 +216,11 @@ def pinned_self(cpus: Optional[set[int]]) -> Iterator[None]:
         yield
         return
     allowed = os.sched_getaffinity(0)
-    _pin(os.getpid(), cpus)
+    pin(os.getpid(), cpus)
     try:
         yield
     finally:
-        _pin(os.getpid(), allowed)
+        pin(os.getpid(), allowed)
 
 
 # -- measuring -----------------------------------------------------------------------------
@@ -233,8 +233,8 @@ def place(layout: str, worker: WorkerProcess, web: GunicornProcess) -> Optional[
     if layout == "free" or len(allowed) < 2 or web.proc is None:
         return None
     for pid in [web.proc.pid, *children_of(web.proc.pid)]:
-        _pin(pid, {allowed[0]})
-    _pin(worker.pid, {allowed[-1]})
+        pin(pid, {allowed[0]})
+    pin(worker.pid, {allowed[-1]})
     return {allowed[-1]}
 
 

@@ -25,6 +25,7 @@ whether it is met) and writes the same rows to ``--json FILE``. This is a
 benchmark, not a test: a missed target does not change the exit status.
 """
 
+import os
 import sys
 
 if __name__ == "__main__" and "--gevent" in sys.argv[1:]:
@@ -32,43 +33,47 @@ if __name__ == "__main__" and "--gevent" in sys.argv[1:]:
 
     monkey.patch_all()
 
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import argparse
 import contextlib
 import dataclasses
 import functools
-import gc
-import itertools
 import json
-import operator
-import os
-import platform
 import signal
 import statistics
-import subprocess
-import tempfile
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
-import msgpack
-import zmq
-
 import zqsync
-from zqsync.processes import WorkerProcess, stop_process
-from zqsync.wire import envelope
-from zqsync.wire.endpoints import split_endpoint
+from benchmarks.harness import (
+    PAYLOAD,
+    Env,
+    Row,
+    base_parser,
+    checked,
+    dealer,
+    describe,
+    distribution,
+    interleaved,
+    open_env,
+    progress,
+    render_table,
+    round_trip,
+    rows_from_subprocess,
+    running_worker,
+    size_flags,
+    size_for,
+    time_calls,
+    warm_up,
+)
+from zqsync.processes import WorkerProcess
 
 try:
     from tqdm import tqdm
 except ImportError:  # progress bars are optional
     tqdm = None
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: What every variant echoes: a small, typical RPC argument (about 150 bytes packed).
-PAYLOAD = {"user": 42, "name": "benchmark", "tags": ["a", "b", "c"], "blob": "x" * 100}
-#: Receive bound of the plain raw and per-request sockets, so a dead worker fails the run
-#: instead of hanging it (zmq.green ignores it; gevent mode has a watchdog instead).
-RECV_TIMEOUT_MS = 10_000
-_COMPARE = {"<=": operator.le, ">=": operator.ge, "==": operator.eq}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,51 +99,9 @@ SMOKE = Settings(rounds=2, calls=50, warmup=10, greenlets=300, calls_each=1, con
                  watchdog=60.0)
 FULL = Settings(rounds=5, calls=5000, warmup=500, greenlets=300, calls_each=10, concurrent_rounds=3, pool_size=4,
                 watchdog=900.0)
-#: --cpus choices: where this process and the worker run.
-LAYOUTS = {
-    "split": "this process on one CPU, the worker on another (default: like separate hosts, and reproducible)",
-    "shared": "both on one CPU: every microsecond of client CPU shows in the round trip",
-    "free": "no pinning: the scheduler's placement of the zmq I/O threads makes results bimodal",
-}
-
-
-@dataclasses.dataclass
-class Row:
-    """One line of the report: a figure, or a ratio checked against its target."""
-
-    mode: str
-    measure: str
-    value: float
-    unit: str
-    p99: Optional[float] = None
-    rounds: Optional[list[float]] = None
-    target: Optional[str] = None
-    met: Optional[bool] = None
-    #: The distribution behind ``value``: its 0th to 100th percentiles (101 numbers, in ``unit``), for plots.
-    quantiles: Optional[list[float]] = None
-
-
-def distribution(samples: list[float]) -> list[float]:
-    """The 0th, 1st, ..., 100th percentiles of ``samples`` (at least two), rounded to 0.01."""
-    ordered = sorted(samples)
-    inner = statistics.quantiles(ordered, n=100, method="inclusive")
-    return [round(value, 2) for value in (ordered[0], *inner, ordered[-1])]
-
-
-def checked(mode: str, measure: str, value: float, unit: str, op: str, goal: float, **extra: Any) -> Row:
-    """A row whose ``value`` must satisfy ``value <op> goal``."""
-    return Row(mode, measure, value, unit, target=f"{op} {goal:g}", met=_COMPARE[op](value, goal), **extra)
 
 
 # -- environment and callers --------------------------------------------------
-
-
-class Env(NamedTuple):
-    """Where and with what the raw and per-request variants talk to the worker."""
-
-    endpoint: str
-    rpc: str
-    context: Any  # a zmq.Context, or a zmq.green one in gevent mode
 
 
 class Caller(NamedTuple):
@@ -163,87 +126,6 @@ class SocketGauge:
         self.open -= 1
 
 
-def _pin(pid: int, cpus: set[int]) -> None:
-    """Pin every thread of process ``pid`` to ``cpus`` (threads it starts later inherit it).
-
-    A thread may exit between the listing and its pinning (the Python load
-    generator's threads come and go), and so may the whole process: both are
-    skipped, since there is nothing left to pin.
-    """
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
-        return
-    for tid in threads:
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:
-            continue
-
-
-@contextlib.contextmanager
-def placed(worker: WorkerProcess, layout: str) -> Iterator[None]:
-    """Pin this process and the worker per ``layout`` (see ``LAYOUTS``) until the block ends.
-
-    Enter it before any zmq context exists, so the I/O threads inherit the pinning.
-    Restoring this process's CPUs on the way out lets a later child process pin again.
-    """
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-    if layout == "free" or len(allowed) < 2 or not os.path.isdir("/proc/self/task"):
-        yield
-        return
-    cpus = sorted(allowed)
-    _pin(os.getpid(), {cpus[0]})
-    _pin(worker.pid, {cpus[-1] if layout == "split" else cpus[0]})
-    try:
-        yield
-    finally:
-        _pin(os.getpid(), allowed)
-
-
-@contextlib.contextmanager
-def running_worker(layout: str) -> Iterator[WorkerProcess]:
-    """A fresh ``zqsync.demo.tasks`` worker, placed per ``layout``, stopped by pid on the way out."""
-    worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT)
-    try:
-        with placed(worker.start(), layout):
-            yield worker
-    finally:
-        worker.stop()
-
-
-@contextlib.contextmanager
-def open_env(endpoint: str, *, green: bool) -> Iterator[Env]:
-    """One shared context (green or plain) for the raw and per-request variants."""
-    if green:
-        from zmq import green as zmq_green
-
-        context = zmq_green.Context()
-    else:
-        context = zmq.Context()
-    try:
-        yield Env(endpoint, split_endpoint(endpoint)[1], context)
-    finally:
-        context.destroy(linger=0)
-
-
-_request_ids = itertools.count()
-
-
-def _dealer(env: Env) -> Any:
-    sock = env.context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, RECV_TIMEOUT_MS)
-    sock.connect(env.rpc)
-    return sock
-
-
-def _round_trip(sock: Any, payload: Any) -> Any:
-    """Encode the same request frame the client sends, send it, decode the reply. No checks."""
-    sock.send(envelope.encode_request("call", str(next(_request_ids)), "echo", (payload,), {}))
-    return envelope.decode_reply(sock.recv()).result
-
-
 @contextlib.contextmanager
 def pooled_caller(env: Env, pool_size: Optional[int] = None) -> Iterator[Caller]:
     """``zqsync.Client(endpoint).call("echo", payload)``."""
@@ -257,10 +139,10 @@ def per_request_caller(env: Env) -> Iterator[Caller]:
     gauge = SocketGauge()
 
     def call(payload: Any) -> Any:
-        sock = _dealer(env)
+        sock = dealer(env)
         gauge.opened()
         try:
-            return _round_trip(sock, payload)
+            return round_trip(sock, payload)
         finally:
             sock.close()
             gauge.closed()
@@ -271,9 +153,9 @@ def per_request_caller(env: Env) -> Iterator[Caller]:
 @contextlib.contextmanager
 def raw_caller(env: Env) -> Iterator[Caller]:
     """One persistent DEALER: no pool, no lease, no deadline, no reply-id check."""
-    sock = _dealer(env)
+    sock = dealer(env)
     try:
-        yield Caller(functools.partial(_round_trip, sock), lambda: 1)
+        yield Caller(functools.partial(round_trip, sock), lambda: 1)
     finally:
         sock.close()
 
@@ -282,56 +164,6 @@ SEQUENTIAL_VARIANTS = {"pool": pooled_caller, "per-request": per_request_caller,
 
 
 # -- measuring ------------------------------------------------------------------
-
-
-class _NoBar:
-    """Stands in for a tqdm bar when tqdm is not installed."""
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-    def update(self, n: int = 1) -> None:
-        return None
-
-
-def progress(total: int, desc: str) -> Any:
-    """A tqdm bar on stderr, or a do-nothing stand-in when tqdm is missing."""
-    if tqdm is not None:
-        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
-    return _NoBar()
-
-
-def warm_up(call: Callable[[Any], Any], calls: int) -> None:
-    """Connect, fill caches, and check the echo once."""
-    for _ in range(calls):
-        result = call(PAYLOAD)
-    if result != PAYLOAD:
-        raise RuntimeError(f"echo returned {result!r}, expected {PAYLOAD!r}")
-
-
-def time_calls(call: Callable[[Any], Any], calls: int) -> list[float]:
-    """Per-call latencies in microseconds of ``calls`` sequential calls."""
-    clock = time.perf_counter_ns
-    elapsed = []
-    for _ in range(calls):
-        started = clock()
-        call(PAYLOAD)
-        elapsed.append(clock() - started)
-    return [ns / 1000.0 for ns in elapsed]
-
-
-def interleaved(names: list[str], rounds: int, bar: Any) -> Iterator[str]:
-    """Every variant name once per round, the order rotating each round so no variant
-    always follows the same one; collects garbage before each and ticks ``bar`` after."""
-    for index in range(rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            gc.collect()
-            yield name
-            bar.update(1)
 
 
 def measure_sequential(env: Env, settings: Settings, mode: str) -> list[Row]:
@@ -450,34 +282,6 @@ def run_gevent(settings: Settings, layout: str) -> list[Row]:
         return runner.get(timeout=settings.watchdog)
 
 
-def size_flags(args: argparse.Namespace) -> list[str]:
-    """``--quick`` or ``--smoke`` as given in ``args``, to pass on to a child run."""
-    return ["--quick"] if args.quick else ["--smoke"] if getattr(args, "smoke", False) else []
-
-
-def rows_from_subprocess(script: str, flags: list[str], timeout: float) -> list[Row]:
-    """Run ``script`` with ``flags`` and ``--json FILE`` in a child process; return the rows it wrote.
-
-    The child is stopped by pid (TERM, then KILL) if it runs over ``timeout`` seconds.
-
-    :raises RuntimeError: the child failed or ran over ``timeout``.
-    """
-    with tempfile.TemporaryDirectory(prefix="zqsync-bench-") as scratch:
-        rows_path = os.path.join(scratch, "rows.json")
-        child = subprocess.Popen([sys.executable, os.path.abspath(script), *flags, "--json", rows_path],
-                                 cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
-        try:
-            child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            status = stop_process(child)  # a no-op once it has exited
-        if status != 0:
-            raise RuntimeError(f"{os.path.basename(script)} {' '.join(flags)} failed with status {status}")
-        with open(rows_path) as handle:
-            return [Row(**row) for row in json.load(handle)["rows"]]
-
-
 def run_gevent_subprocess(args: argparse.Namespace, settings: Settings) -> list[Row]:
     """Run this script with ``--gevent`` in a child process and collect its rows."""
     # The child's own watchdog should fire first.
@@ -485,64 +289,6 @@ def run_gevent_subprocess(args: argparse.Namespace, settings: Settings) -> list[
 
 
 # -- reporting ------------------------------------------------------------------
-
-
-def _number(value: Optional[float], unit: str) -> str:
-    if value is None:
-        return ""
-    if unit == "sockets":
-        return f"{value:.0f}"
-    return f"{value:.3f}" if unit in ("s", "x") else f"{value:.1f}"
-
-
-def render_table(rows: list[Row], layout: str) -> str:
-    """The report as one markdown table, under a line naming the CPU layout."""
-    lines = [
-        f"CPU layout `{layout}`: {LAYOUTS[layout]}.",
-        "",
-        "| mode | measure | value | unit | p99 | per round | target | met |",
-        "|---|---|---:|---|---:|---|---|---|",
-    ]
-    for row in rows:
-        per_round = " ".join(_number(value, row.unit) for value in row.rounds or [])
-        met = "" if row.met is None else ("yes" if row.met else "**NO**")
-        lines.append(f"| {row.mode} | {row.measure} | {_number(row.value, row.unit)} | {row.unit} | "
-                     f"{_number(row.p99, row.unit)} | {per_round} | {row.target or ''} | {met} |")
-    return "\n".join(lines)
-
-
-def describe(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    """Settings and versions, recorded next to the rows in the JSON output."""
-    return {
-        "settings": dataclasses.asdict(settings),
-        "quick": args.quick,
-        "smoke": getattr(args, "smoke", False),
-        "cpus_layout": args.cpus,
-        "payload_bytes": len(msgpack.packb(PAYLOAD)),
-        "python": platform.python_version(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
-        "zqsync": zqsync.__version__,
-        "cpus": os.cpu_count(),
-    }
-
-
-def base_parser(doc: str, quick_help: str, *, layouts: Optional[dict[str, str]] = None) -> argparse.ArgumentParser:
-    """The options every benchmark module shares: ``--cpus``, ``--quick`` / ``--smoke`` and ``--json``."""
-    layouts = LAYOUTS if layouts is None else layouts
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--cpus", choices=layouts, default="split",
-                        help="; ".join(f"{name}: {text}" for name, text in layouts.items()))
-    sizes = parser.add_mutually_exclusive_group()
-    sizes.add_argument("--quick", action="store_true", help=quick_help)
-    sizes.add_argument("--smoke", action="store_true", help="tiny counts: checks that every path runs, no figures")
-    parser.add_argument("--json", metavar="FILE", help="also write the rows, settings and versions to FILE")
-    return parser
-
-
-def size_for(args: argparse.Namespace, smoke: Any, quick: Any, full: Any) -> Any:
-    """``smoke``, ``quick`` or ``full``, per ``--smoke`` / ``--quick``."""
-    return smoke if args.smoke else quick if args.quick else full
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:

@@ -68,15 +68,15 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import zqsync
-from benchmarks.bench_pool import (
+from benchmarks.harness import (
     LAYOUTS,
     PAYLOAD,
     REPO_ROOT,
     Row,
-    _pin,
     checked,
     describe,
     interleaved,
+    pin,
     placed,
     progress,
     render_table,
@@ -225,7 +225,7 @@ def running_servers(layout: str, scratch: str, with_redis: bool) -> Iterator[tup
         stack.enter_context(placed(worker, layout))
         if hasattr(os, "sched_getaffinity") and os.path.isdir("/proc/self/task"):
             for server in servers.values():
-                _pin(server.pid, os.sched_getaffinity(worker.pid))
+                pin(server.pid, os.sched_getaffinity(worker.pid))
         yield worker, servers
 
 

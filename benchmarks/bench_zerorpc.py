@@ -51,15 +51,15 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 import zqsync
-from benchmarks.bench_pool import (
+from benchmarks.harness import (
     REPO_ROOT,
     Row,
-    _pin,
     base_parser,
     checked,
     describe,
     distribution,
     interleaved,
+    pin,
     progress,
     render_table,
     rows_from_subprocess,
@@ -195,7 +195,7 @@ def measure_zerorpc(settings: Settings, layout: str) -> list[Row]:
         return samples
 
     with zerorpc_server() as (server, endpoint), running_worker(layout) as worker:
-        _pin(server.pid, os.sched_getaffinity(worker.pid))  # where --cpus put the worker
+        pin(server.pid, os.sched_getaffinity(worker.pid))  # where --cpus put the worker
         runner = gevent.spawn(body, worker.endpoint, endpoint)
         # A TERM from the parent fails the body, so the worker and the server are still stopped.
         gevent.signal_handler(signal.SIGTERM, runner.kill, RuntimeError("zerorpc run stopped by SIGTERM"), False)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Optional, Sequence
 
-from benchmarks.bench_pool import Row
+from benchmarks.harness import Row
 from benchmarks.report import Comparison, find
 
 INSTALL_HINT = "pip install -e '.[bench]' (or pip install matplotlib)"

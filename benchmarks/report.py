@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence
 
-from benchmarks.bench_pool import Row
+from benchmarks.harness import Row
 
 #: Statuses of a scenario in a suite run.
 OK, SKIPPED, FAILED, PENDING = "ok", "skipped", "failed", "pending"

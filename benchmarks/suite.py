@@ -49,7 +49,7 @@ import traceback
 from typing import Any, Optional, Sequence
 
 from benchmarks import plot, report
-from benchmarks.bench_pool import rows_from_subprocess
+from benchmarks.harness import rows_from_subprocess
 from benchmarks.report import FAILED, OK, PENDING, SKIPPED
 
 #: ``--smoke``: every path once with tiny counts; ``--quick``: under 2 minutes; ``full``: the real figures.

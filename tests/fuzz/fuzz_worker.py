@@ -1,11 +1,11 @@
-"""The long fuzz run against a live worker (the test, tests/integration/test_worker_fuzz.py, sends 22,000).
+"""The long fuzz run against a live worker (the test, tests/fuzz/test_worker_fuzz.py, sends 22,000).
 
 Run from the repository root::
 
-    python benchmarks/fuzz_worker.py [--frames 500000] [--seed 62] [--batch 5000] [--send-decoder-bugs]
+    python tests/fuzz/fuzz_worker.py [--frames 500000] [--seed 62] [--batch 5000] [--send-decoder-bugs]
 
 It starts a ``zqsync.demo.tasks`` worker with :class:`zqsync.processes.WorkerProcess`,
-then sends ``--frames`` fuzz messages from ``benchmarks/fuzzframes.py`` in
+then sends ``--frames`` fuzz messages from ``tests/fuzz/fuzzframes.py`` in
 batches (jobs over PUSH, rpc over DEALERs and a ROUTER), draining replies
 without waiting for each. After every batch it waits for every reply and
 checks that the process is alive; a worker that died or stopped answering
@@ -26,8 +26,8 @@ decoder bug.
 import os
 import sys
 
-if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if __package__ in (None, ""):  # run as a script: make ``tests`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import argparse
 import collections
@@ -40,11 +40,11 @@ from typing import Optional
 import msgpack
 
 import zqsync
-from benchmarks.fuzzframes import FuzzDriver, Stalled, frame_of_size, raw_tcp_garbage, rss_bytes, send_oversized
+from tests.fuzz.fuzzframes import FuzzDriver, Stalled, frame_of_size, raw_tcp_garbage, rss_bytes, send_oversized
 from zqsync.processes import WorkerProcess
 from zqsync.wire import envelope
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1024 * 1024
 
 

@@ -1,7 +1,7 @@
 """Fuzz inputs for the zqsync wire protocol, and a driver that throws them at a live worker.
 
-Shared by ``tests/integration/test_worker_fuzz.py`` (about 20,000 messages),
-``tests/unit/test_protocol_fuzz.py`` and ``benchmarks/fuzz_worker.py`` (the
+Shared by ``tests/fuzz/test_worker_fuzz.py`` (about 20,000 messages),
+``tests/fuzz/test_envelope_fuzz.py`` and ``tests/fuzz/fuzz_worker.py`` (the
 long run). Every input is drawn from a caller's ``random.Random``, so a seed
 reproduces a run exactly.
 
@@ -450,9 +450,9 @@ class FuzzDriver:
         return received
 
     def _check_reply(self, sock: zmq.Socket, frames: list[bytes]) -> None:
-        envelope = [self.ROUTER_ALIAS] if sock is self.router else []
+        routing = [self.ROUTER_ALIAS] if sock is self.router else []
         try:
-            if frames[:-1] != envelope:
+            if frames[:-1] != routing:
                 raise ProtocolError(f"unexpected envelope {frames[:-1]!r:.80}")
             envelope.decode_reply(frames[-1])
         except Exception as exc:  # every reply of the worker must be a valid reply

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fuzzframes import HUGE_HEADERS, INT_EDGES, fuzz_message
+from tests.fuzz.fuzzframes import HUGE_HEADERS, INT_EDGES, fuzz_message
 from zqsync.errors import ProtocolError
 from zqsync.wire import envelope
 

@@ -1,7 +1,7 @@
 """Fuzzing a live worker: 22,000 random and mutated messages on its jobs and rpc sockets.
 
-The inputs come from ``benchmarks/fuzzframes.py`` (shared with the long run,
-``benchmarks/fuzz_worker.py``), drawn from a seeded ``random.Random``:
+The inputs come from ``tests/fuzz/fuzzframes.py`` (shared with the long run,
+``tests/fuzz/fuzz_worker.py``), drawn from a seeded ``random.Random``:
 valid requests, mutations of valid requests (bit flips, truncation,
 splicing, field swaps, wrong types, extra and missing fields, huge declared
 lengths, deep nesting, non-str keys), raw garbage, multipart messages with
@@ -21,7 +21,7 @@ import random
 import time
 
 import zqsync
-from benchmarks.fuzzframes import FuzzDriver, Stalled, frame_of_size, raw_tcp_garbage, rss_bytes, send_oversized
+from tests.fuzz.fuzzframes import FuzzDriver, Stalled, frame_of_size, raw_tcp_garbage, rss_bytes, send_oversized
 from tests.helpers import wait_for
 from zqsync.wire import envelope
 
