@@ -14,6 +14,9 @@ Fixtures
 Helpers
     :func:`run_in_fork` runs a function in a forked child and returns its
     value or re-raises its exception.
+
+    :func:`eager` (from ``zqsync/eager.py``) runs every client's jobs and
+    calls in the test's own process, for an app's fast unit tests.
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from .eager import eager
 from .errors import ForkFailed
 from .processes import WorkerProcess
 from .worker.registry import Registry
 
-__all__ = ["ForkFailed", "peer_registry", "run_in_fork", "zq_peer", "zq_worker"]
+__all__ = ["ForkFailed", "eager", "peer_registry", "run_in_fork", "zq_peer", "zq_worker"]
 
 peer_registry = Registry()
 

@@ -1,0 +1,87 @@
+"""Eager mode runs tasks in-process with the wire's encoding, and restores the real client afterwards."""
+
+from __future__ import annotations
+
+import pytest
+
+import zqsync
+from zqsync.testing import eager
+from zqsync.worker import Registry
+
+registry = Registry()
+ran: list[tuple] = []
+
+
+@registry.task
+def add(a, b):
+    ran.append(("add", a, b))
+    return a + b
+
+
+@registry.task(retries=2)
+def flaky(key):
+    ran.append(("flaky", key))
+    if len([item for item in ran if item == ("flaky", key)]) < 3:
+        raise RuntimeError("not yet")
+    return "ok"
+
+
+@registry.task
+def broken():
+    raise ValueError("always")
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    ran.clear()
+    # An endpoint where nothing listens: any real send would time out, not succeed.
+    with zqsync.Client("tcp://127.0.0.1:9", call_timeout=0.2, send_timeout=0.2) as client:
+        yield client
+
+
+def test_enqueue_and_call_run_the_task_in_process(fresh):
+    with eager(registry) as recorder:
+        job_id = fresh.enqueue("add", 2, 3)
+        assert fresh.call("add", 4, 5) == 9
+    assert ran == [("add", 2, 3), ("add", 4, 5)]
+    assert recorder.jobs == [(job_id, "add", True, 5, 1)]
+
+
+def test_confirmed_jobs_run_with_their_retries(fresh):
+    with eager(registry) as recorder:
+        fresh.enqueue_with_options("flaky", args=("k",), confirm=True)
+    assert recorder.jobs[0].ok and recorder.jobs[0].attempts == 3
+
+
+def test_a_failing_call_raises_what_a_worker_reply_would(fresh):
+    with eager(registry), pytest.raises(zqsync.RemoteError) as raised:
+        fresh.call("broken")
+    assert raised.value.remote_type == "ValueError" and "always" in raised.value.remote_message
+    with eager(registry), pytest.raises(zqsync.UnknownTask):
+        fresh.call("nosuch")
+
+
+def test_a_failing_job_is_recorded_or_raised_when_asked(fresh):
+    with eager(registry) as recorder:
+        fresh.enqueue("broken")
+    assert [job.value[0] for job in recorder.failed()] == ["ValueError"]
+    with eager(registry, propagate=True), pytest.raises(zqsync.RemoteError, match="always"):
+        fresh.enqueue("broken")
+
+
+def test_what_the_wire_refuses_fails_in_eager_mode_too(fresh):
+    with eager(registry), pytest.raises(zqsync.ProtocolError):
+        fresh.call("add", {1, 2}, 3)  # msgpack has no set
+    assert ran == []
+
+
+def test_results_come_back_as_msgpack_decodes_them(fresh):
+    with eager(registry):
+        assert fresh.call("add", (1,), (2,)) == [1, 2]  # tuples travel as lists
+
+
+def test_the_real_client_is_back_after_the_block(fresh):
+    with eager(registry):
+        pass
+    with pytest.raises(zqsync.CallTimeout):
+        fresh.call("add", 1, 2)
