@@ -1,9 +1,11 @@
 """Runner: decode one request, run its task, build the reply.
 
-A failing task never kills the worker: its exception becomes an error reply
-(type name, message, formatted traceback) for a call, and a log line for a
-job. ``time_limit`` is enforced with a ``gevent.Timeout`` that only this
-module raises and swallows; any other timeout propagates.
+A failing task never kills the worker: its exception, ``SystemExit`` and
+``KeyboardInterrupt`` included, becomes an error reply (type name, message,
+formatted traceback) for a call, and a log line for a job. ``time_limit`` is
+enforced with a ``gevent.Timeout`` that only this module raises and swallows
+(any other timeout propagates) and, for tasks that never yield, by the
+watchdog's soft-limit signal (``watchdog.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..logs import RateLimitedLog
 from ..wire import envelope as protocol
 from .durations import Durations
 from .registry import Registry, Task
+from .watchdog import SoftTimeLimit, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ COUNTERS = (
 
 #: An error as sent in a reply: (type name, message, traceback).
 ErrorInfo = tuple[str, str, str]
+_NOTHING = object()
 
 
 class Runner:
@@ -53,6 +57,8 @@ class Runner:
     :param confirm: handles ``confirm`` requests: ``confirm(request, task)``
         returns the reply frame. ``None``: the worker has no journal, and
         confirmed jobs get an error reply saying how to enable them.
+    :param watchdog: enforces time limits on tasks that do not yield
+        (``watchdog.py``); ``None``: only ``gevent.Timeout``, which needs a yield.
     """
 
     def __init__(
@@ -61,8 +67,10 @@ class Runner:
         *,
         builtins: Optional[dict[str, Callable[..., Any]]] = None,
         confirm: Optional[Callable[[protocol.Request, Task], bytes]] = None,
+        watchdog: Optional[Watchdog] = None,
     ) -> None:
         self.registry = registry
+        self.watchdog = watchdog
         self.builtins = dict(builtins or {})
         self.confirm = confirm
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -153,19 +161,32 @@ class Runner:
         step = 1 if counted else 0
         self.counters["in_flight"] += step
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
+        if self.watchdog is not None:
+            self.watchdog.enter(task.name, task.time_limit)
         started = time.perf_counter()
+        result: Any = _NOTHING
         try:
             result = task.fn(*request.args, **request.kwargs)
         except gevent.Timeout as ex:
             if ex is not timer:
                 raise
-            self.counters["timed_out"] += 1
-            return False, (TimeLimitExceeded.__name__, f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
-        except Exception as exc:
+            return self._timed_out(task)
+        except SoftTimeLimit:
+            if result is _NOTHING:  # the signal landed after the task returned: it succeeded
+                return self._timed_out(task)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            # A task's sys.exit() or KeyboardInterrupt fails that task; it never stops the worker.
             return False, (type(exc).__name__, str(exc), traceback.format_exc())
         finally:
+            if self.watchdog is not None:
+                self.watchdog.leave()
             timer.close()
             self.counters["in_flight"] -= step
             if counted:
                 self.durations.record(task.name, time.perf_counter() - started)
         return True, result
+
+    def _timed_out(self, task: Task) -> tuple[bool, ErrorInfo]:
+        self.counters["timed_out"] += 1
+        log.warning("task %r exceeded its time limit of %s s", task.name, task.time_limit)
+        return False, (TimeLimitExceeded.__name__, f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")

@@ -43,6 +43,7 @@ from .journal import Journal
 from .registry import Registry
 from .runner import Runner
 from .scheduler import JobScheduler
+from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,9 @@ class Worker:
         self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
         self._authenticator: Any = None
         self.endpoint: Optional[str] = None
-        self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"})
+        self.watchdog = Watchdog()
+        self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
+                             watchdog=self.watchdog)
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.connections: dict[str, int] = {}
         self.started_at = time.time()
@@ -224,6 +227,7 @@ class Worker:
             self.bind()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             gevent.signal_handler(signum, self._on_signal, signum)
+        self.watchdog.start()
         self.scheduler.start()
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         if self.parent_pid is not None:
@@ -323,6 +327,7 @@ class Worker:
         # or WorkerShutdown errors) a moment to be read first.
         gevent.sleep(REPLY_DRAIN)
         gevent.killall(self._greenlets)
+        self.watchdog.stop()
         for sock in (self.jobs, self.rpc):
             if not self.backend:
                 sock.disable_monitor()

@@ -1,0 +1,162 @@
+"""Watchdog: time limits that hold for tasks that never yield to gevent.
+
+A task's ``time_limit`` is first a ``gevent.Timeout`` (``runner.py``), which
+fires only when the task yields. A task that does not yield (a pure-Python
+loop, a long computation, an unpatched C call) blocks the hub, so nothing
+in the hub can stop it. The watchdog is a native thread outside the hub:
+
+* The hub proves it is alive by a tick every ``interval`` seconds (a greenlet).
+* **Soft limit.** When the hub has not ticked for ``interval`` and a running
+  task is past its ``time_limit``, the watchdog sends :data:`SOFT_SIGNAL` to
+  its own process. Python runs the handler in the main thread between two
+  bytecodes of whatever runs there, which is the blocking task's greenlet;
+  the handler raises :class:`SoftTimeLimit` into it (billiard, Celery's pool,
+  does the same with SIGUSR1). It cannot interrupt a single long C call that
+  holds the GIL (a catastrophic regex, ``time.sleep`` from an unpatched C
+  library): the handler runs only when that call returns.
+* **Hard limit.** ``hard_grace`` seconds after a task's soft limit, the
+  process ends if the hub is still blocked. The standard library's
+  ``faulthandler.dump_traceback_later`` enforces it: its timer thread is C
+  code that needs no GIL, so even a C call that holds the GIL cannot stop
+  it. Every tick of the hub re-arms it for the earliest hard deadline of the
+  running tasks; a hub blocked past that deadline gets no tick, and
+  faulthandler writes every thread's traceback to stderr (where the task was
+  stuck) and exits with status 1. Under ``--processes`` the supervisor
+  starts a new child; a single process is restarted by its service manager
+  (``Restart=on-failure``). A confirmed job killed this way is still pending
+  in the journal, so it runs again after the restart as its ``retries`` say.
+
+Both limits use the monotonic clock, and cost the hub one timer wake-up per
+``interval`` and a dict update per task.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import gevent
+
+#: The signal that carries a soft time limit into a task that does not yield.
+SOFT_SIGNAL = signal.SIGUSR2
+#: Exit status of a worker process ended by a hard time limit (faulthandler's).
+HARD_LIMIT_EXIT = 1
+
+
+class SoftTimeLimit(BaseException):
+    """Raised inside a task that ran past its time limit without yielding.
+
+    A ``BaseException``, so that a task's own ``except Exception`` does not
+    swallow it; the runner turns it into a ``TimeLimitExceeded`` failure.
+    """
+
+
+#: Seconds between two soft-limit signals to the same task (one may land while another greenlet runs).
+RESIGNAL = 0.5
+
+
+class _Running:
+    __slots__ = ("name", "soft", "hard", "next_signal")
+
+    def __init__(self, name: str, soft: float, hard: float) -> None:
+        self.name, self.soft, self.hard, self.next_signal = name, soft, hard, soft
+
+
+def _original(module: str, name: str) -> Any:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None:
+        return monkey.get_original(module, name)
+    return getattr(__import__(module), name)
+
+
+class Watchdog:
+    """Enforces soft and hard time limits from a native thread.
+
+    :param interval: seconds between the hub's ticks and the watchdog's checks (float).
+    :param hard_grace: seconds past a task's soft limit before the process is ended.
+
+    Call :meth:`start` in the worker process's main thread, with its hub
+    running; :meth:`enter` and :meth:`leave` around every task run. Not for
+    use from more than one hub. One per process: faulthandler has one timer.
+    """
+
+    def __init__(self, *, interval: float = 0.05, hard_grace: float = 5.0) -> None:
+        self.interval = interval
+        self.hard_grace = hard_grace
+        self._running: dict[Any, _Running] = {}
+        self._tick = time.monotonic()
+        self._stopped = False
+        self._ticker: Optional[gevent.Greenlet] = None
+        self._armed_until: Optional[float] = None
+
+    def start(self) -> None:
+        """Install the soft-limit signal handler, and start the hub's ticker and the watching thread."""
+        _original("signal", "signal")(SOFT_SIGNAL, self._on_soft_signal)
+        self._ticker = gevent.spawn(self._tick_forever)
+        _original("_thread", "start_new_thread")(self._watch, (_original("time", "sleep"),))
+
+    def stop(self) -> None:
+        """Stop ticking, watching and the hard limit (the thread ends within ``interval``)."""
+        self._stopped = True
+        if self._ticker is not None:
+            self._ticker.kill(block=False)
+        faulthandler.cancel_dump_traceback_later()
+
+    def enter(self, name: str, time_limit: Optional[float]) -> None:
+        """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit)."""
+        if time_limit is not None:
+            soft = time.monotonic() + time_limit
+            running = self._running[gevent.getcurrent()] = _Running(name, soft, soft + self.hard_grace)
+            if self._armed_until is None or running.hard < self._armed_until:
+                self._arm(time.monotonic())
+
+    def leave(self) -> None:
+        """Record that the current greenlet's task ended."""
+        self._running.pop(gevent.getcurrent(), None)
+
+    # -- the hub side --------------------------------------------------------
+
+    def _tick_forever(self) -> None:
+        while True:
+            self._tick = time.monotonic()
+            self._arm(self._tick)
+            gevent.sleep(self.interval)
+
+    def _arm(self, now: float) -> None:
+        """Point the hard-limit timer at the earliest hard deadline of the running tasks, or disarm it."""
+        earliest = min((running.hard for running in self._running.values()), default=None)
+        if earliest is None:
+            if self._armed_until is not None:
+                faulthandler.cancel_dump_traceback_later()
+                self._armed_until = None
+        elif earliest != self._armed_until:
+            faulthandler.dump_traceback_later(max(0.001, earliest - now), exit=True)
+            self._armed_until = earliest
+
+    def _on_soft_signal(self, signum: int, frame: Any) -> None:
+        running = self._running.get(gevent.getcurrent())
+        if running is not None and time.monotonic() >= running.soft:
+            raise SoftTimeLimit(f"task {running.name!r} ran past its time limit without yielding")
+
+    # -- the native thread ---------------------------------------------------
+
+    def _watch(self, sleep: Any) -> None:
+        while not self._stopped:
+            sleep(self.interval)  # the unpatched sleep: this thread is native, outside the hub
+            now = time.monotonic()
+            if now - self._tick < 2 * self.interval:
+                continue  # the hub runs: gevent.Timeout enforces the limits
+            self._check(now)
+
+    def _check(self, now: float) -> None:
+        for running in list(self._running.values()):
+            if now >= running.next_signal:
+                running.next_signal = now + RESIGNAL
+                os.kill(os.getpid(), SOFT_SIGNAL)
+
+
+__all__ = ["HARD_LIMIT_EXIT", "SOFT_SIGNAL", "SoftTimeLimit", "Watchdog"]
