@@ -203,6 +203,8 @@ class Client:
                 sock, frame, self._jobs_address, mode,
                 send_timeout=timeout, wait_before_drop=self.settings.wait_before_drop,
             )
+            if sent:
+                self._push.note_sent(sock)
         self._counts["enqueued" if sent else "dropped"] += 1
         return job_id
 
