@@ -8,6 +8,7 @@ through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import threading
@@ -23,17 +24,25 @@ from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .errors import CallTimeout, ConfigurationError, PoolError, RemoteError, Unconfirmed, UnknownTask, ZqsyncError
 from .pool import SocketPool
-from .settings import ClientSettings, default_endpoint
+from .settings import ClientSettings, check_seconds, default_endpoint
 
-_ENDPOINT = re.compile(r"^tcp://(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
+_ENDPOINT = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
 _clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 
 def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int]:
     """Split ``"tcp://HOST:PORT"`` into ``("tcp://HOST", PORT)``.
 
-    :param allow_zero: accept PORT 0 ("pick a free port", for binding).
-    :raises ConfigurationError: not ``tcp://HOST:PORT`` with PORT in 1..65534 (or 0 if allowed).
+    HOST is an IPv4 address, an IPv6 address in brackets (``tcp://[::1]:5555``),
+    or an ASCII host name (ZeroMQ resolves it when it connects, to IPv4
+    addresses; encode an international name with IDNA, ``xn--...``).
+
+    :param allow_zero: for binding: also accept PORT 0 ("pick a free port")
+        and HOST ``*`` (every interface).
+    :raises ConfigurationError: anything else, naming the endpoint: not
+        ``tcp://HOST:PORT``, PORT outside 1..65534 (0 if allowed), a ``*``
+        host to connect to, a malformed address, a non-ASCII name.
     """
     match = _ENDPOINT.match(endpoint.strip()) if isinstance(endpoint, str) else None
     port = int(match["port"]) if match else -1
@@ -42,7 +51,46 @@ def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int
             f"worker endpoint must look like tcp://HOST:PORT (jobs on PORT, rpc on PORT+1), got {endpoint!r}",
             setting="endpoint",
         )
+    problem = _host_problem(match["host"], allow_zero)
+    if problem:
+        raise ConfigurationError(f"worker endpoint {endpoint!r}: {problem}", setting="endpoint")
     return f"tcp://{match['host']}", port
+
+
+def _host_problem(host: str, binding: bool) -> str:
+    """Why ``host`` cannot work, or ``""``."""
+    if host == "*":
+        return "" if binding else "'*' binds every interface; a client must name the worker's host or address"
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host} is not an IPv6 address"
+        return ""
+    if not host.isascii():
+        return f"host {host!r} is not ASCII: encode an international name with IDNA (xn--...)"
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv4 address"
+        return ""
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in host.split(".")):
+        return f"{host!r} is not a valid host name"
+    return ""
+
+
+def _check_distinct(pairs: list[tuple[str, int]], names: list[str]) -> None:
+    """Refuse an endpoint listed twice, or one whose port pair overlaps another's."""
+    seen: dict[tuple[str, int], str] = {}
+    for (host, port), name in zip(pairs, names):
+        key = (host.lower(), port)
+        for other_port in (port - 1, port, port + 1):
+            other = seen.get((key[0], other_port))
+            if other is not None:
+                what = "is listed twice" if other_port == port else "overlaps (a worker uses PORT and PORT+1)"
+                raise ConfigurationError(f"worker endpoint {name!r} {what}: {other!r}", setting="endpoints")
+        seen[key] = name
 
 
 def split_endpoint(endpoint: str) -> tuple[str, str]:
@@ -82,7 +130,9 @@ class Client:
         acknowledgement before retrying; default ``ZQSYNC_CONFIRM_RETRY`` (1.0).
     :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
-    :raises ConfigurationError: a malformed endpoint or setting.
+    :raises ConfigurationError: a malformed or unusable endpoint (see
+        :func:`parse_endpoint`), an endpoint listed twice or overlapping
+        another's port pair, or a setting out of range.
 
     Building a client opens nothing: sockets are opened on first use, per
     process and per gevent hub (per thread outside gevent), and reused. One
@@ -111,6 +161,7 @@ class Client:
         names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
+        _check_distinct([parse_endpoint(name) for name in names], names)
         pairs = [split_endpoint(name) for name in names]
         self.endpoints: tuple[str, ...] = tuple(jobs for jobs, _ in pairs)
         self._jobs_address = self.endpoints if len(pairs) > 1 else self.endpoints[0]
@@ -180,17 +231,24 @@ class Client:
         :param congestion: overrides the client's congestion control for this job.
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
-        :param job_id: an id of your own (at most 64 characters) instead of a new one.
+        :param job_id: an id of your own (a non-empty str of at most 64 characters) instead of a new one.
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
         :raises RemoteError: ``confirm=True`` and the worker refused the job
             (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``).
+        :raises ProtocolError: the job breaks a limit the worker enforces
+            (``protocol`` module: 16 MiB frame, nesting, key types, ``job_id``);
+            nothing is sent.
+        :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
+            (or 0 with ``confirm=True``).
         """
         self._check_open()
-        job_id = job_id or os.urandom(16).hex()
+        job_id = os.urandom(16).hex() if job_id is None else job_id
         kind = "confirm" if confirm else "job"
         frame = protocol.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        if send_timeout is not None:
+            send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:
             total = self.settings.confirm_timeout if send_timeout is None else send_timeout
             self._confirm(frame, job_id, task, total)
@@ -234,8 +292,10 @@ class Client:
         :returns: the task's return value, as msgpack decodes it (tuples come back as lists).
         :raises RemoteError: the task raised (``remote_type``, ``remote_message``,
             ``remote_traceback`` describe it); :class:`UnknownTask` if no such task.
-        :raises CallTimeout: no reply within the client's ``call_timeout``.
-        :raises ProtocolError: the reply could not be decoded.
+        :raises CallTimeout: no reply within the client's ``call_timeout``;
+            it names the endpoints and the likely causes.
+        :raises ProtocolError: the request breaks a limit the worker enforces
+            (nothing is sent), or the reply could not be decoded.
 
         Blocks the calling greenlet (or thread) until the reply or the deadline.
         A ``gevent.Timeout`` of the caller's own propagates unchanged, and the
@@ -254,9 +314,10 @@ class Client:
         """Call with per-call options; see :meth:`call`.
 
         :param timeout: deadline for this call, seconds (default: ``call_timeout``).
+        :raises ConfigurationError: ``timeout`` is not a finite number above 0.
         """
         self._check_open()
-        timeout = self.settings.call_timeout if timeout is None else float(timeout)
+        timeout = self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
         request_id = os.urandom(16).hex()
         name = _task_name(task)
         frame = protocol.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
@@ -281,11 +342,11 @@ class Client:
         self, sock: zmq.Socket, frame: bytes, request_id: str, task: str, timeout: float, deadline: float
     ) -> protocol.Reply:
         if not transport.send(sock, frame, max(0.0, deadline - time.monotonic())):
-            raise CallTimeout(task, timeout)
+            raise CallTimeout(task, timeout, list(self.endpoints))
         while True:
             data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
             if data is None:
-                raise CallTimeout(task, timeout)
+                raise CallTimeout(task, timeout, list(self.endpoints))
             reply = protocol.decode_reply(data)
             if reply.id == request_id or (reply.id == "" and not reply.ok):
                 return reply
