@@ -76,12 +76,15 @@ class CallTimeout(ZqsyncError, TimeoutError):
 
     :ivar task: the task name.
     :ivar timeout: the deadline that ran out, in seconds.
+    :ivar endpoints: the worker endpoint(s) called, or ``None``.
     """
 
-    def __init__(self, task: str, timeout: float) -> None:
-        super().__init__(f"call to task {task!r} got no reply within {timeout:.3f} s")
+    def __init__(self, task: str, timeout: float, endpoints: object = None) -> None:
+        where = f" from {endpoints!r} ({UNREACHABLE_CAUSES}; or the task is slower than the deadline)" if endpoints else ""
+        super().__init__(f"call to task {task!r} got no reply within {timeout:.3f} s{where}")
         self.task = task
         self.timeout = timeout
+        self.endpoints = endpoints
 
 
 class Congested(ZqsyncError):
@@ -96,7 +99,8 @@ class Congested(ZqsyncError):
     def __init__(self, address: object, timeout: float) -> None:
         super().__init__(
             f"enqueue to {address!r} was not accepted within {timeout:.3f} s "
-            "(worker slow, stopped or absent; see ZQSYNC_SEND_TIMEOUT and ZQSYNC_CONGESTION)"
+            f"(the worker is busy with a full queue, or {UNREACHABLE_CAUSES}; "
+            "see ZQSYNC_SEND_TIMEOUT and ZQSYNC_CONGESTION)"
         )
         self.address = address
         self.timeout = timeout
@@ -171,3 +175,11 @@ REMOTE_ERRORS["ProtocolError"] = RequestRejected
 def remote_error(type_name: str, message: str, traceback: str = "") -> RemoteError:
     """The client-side exception for an error reply naming ``type_name``."""
     return REMOTE_ERRORS.get(type_name, RemoteError)(type_name, message, traceback)
+
+
+#: Why a worker endpoint takes nothing; named by :class:`CallTimeout` and :class:`Congested`.
+UNREACHABLE_CAUSES = (
+    "likely causes: the worker is down or not listening there, it refused this client's CURVE keys "
+    "(see its log), the host name does not resolve (names resolve to IPv4; give IPv6 as [addr]), "
+    "or the address or port is wrong"
+)

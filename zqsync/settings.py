@@ -22,11 +22,17 @@ environment variable       field                    unit         default
 ``ZQSYNC_HEARTBEAT``       heartbeat (0: off)       seconds      1.0
 ``ZQSYNC_CONNECT_TIMEOUT`` connect_timeout (0: OS)  seconds      2.0
 ========================== ======================== ============ ===========
+
+Durations are finite, at most :data:`MAX_SECONDS`; ``call_timeout`` and
+``confirm_timeout`` are more than 0 and ``confirm_retry`` at least
+:data:`MIN_CONFIRM_RETRY` (0.1 s). ``heartbeat`` drives ZMTP heartbeats on
+call (DEALER) sockets and TCP keepalive on job (PUSH) sockets (``pool.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Mapping
 
@@ -46,6 +52,12 @@ MAX_SOCKETS = 4096
 HEARTBEAT = 1.0
 CONNECT_TIMEOUT = 2.0
 
+#: Longest duration any setting accepts, seconds (libzmq takes milliseconds as a C int).
+MAX_SECONDS = 1_000_000.0
+#: Shortest wait for a confirmation before a retry, seconds: a journal commit takes milliseconds,
+#: and a shorter wait only floods the worker with duplicates.
+MIN_CONFIRM_RETRY = 0.1
+
 #: Worker defaults.
 CONCURRENCY = 100
 GRACEFUL_TIMEOUT = 30.0
@@ -62,14 +74,35 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return number
 
 
-def _seconds(name: str, value: Any) -> float:
+def check_seconds(name: str, value: Any, minimum: float = 0.0, *, inclusive: bool = True) -> float:
+    """``value`` as float seconds, finite, at most :data:`MAX_SECONDS` and at least ``minimum``
+    (more than ``minimum`` if not ``inclusive``).
+
+    :raises ConfigurationError: anything else (NaN, infinity, a negative number, a non-number),
+        naming ``name``.
+    """
     try:
         number = float(value)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}", setting=name) from exc
-    if not number >= 0:  # also rejects NaN
-        raise ConfigurationError(f"{name} must be >= 0 seconds, got {number}", setting=name)
+    low_ok = number >= minimum if inclusive else number > minimum
+    if not (math.isfinite(number) and low_ok and number <= MAX_SECONDS):
+        bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+        raise ConfigurationError(f"{name} must be {bound} and <= {MAX_SECONDS:g} seconds, got {value!r}", setting=name)
     return number
+
+
+def _seconds(name: str, value: Any) -> float:
+    return check_seconds(name, value)
+
+
+def _deadline(name: str, value: Any) -> float:
+    """A deadline: 0 would fail every request before it is sent."""
+    return check_seconds(name, value, 0.0, inclusive=False)
+
+
+def _confirm_retry(name: str, value: Any) -> float:
+    return check_seconds(name, value, MIN_CONFIRM_RETRY)
 
 
 def _congestion(name: str, value: Any) -> str:
@@ -100,10 +133,10 @@ class ClientSettings:
     _ENV = {
         "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
         "lease_timeout": ("ZQSYNC_LEASE_TIMEOUT", _seconds),
-        "call_timeout": ("ZQSYNC_CALL_TIMEOUT", _seconds),
+        "call_timeout": ("ZQSYNC_CALL_TIMEOUT", _deadline),
         "send_timeout": ("ZQSYNC_SEND_TIMEOUT", _seconds),
-        "confirm_timeout": ("ZQSYNC_CONFIRM_TIMEOUT", _seconds),
-        "confirm_retry": ("ZQSYNC_CONFIRM_RETRY", _seconds),
+        "confirm_timeout": ("ZQSYNC_CONFIRM_TIMEOUT", _deadline),
+        "confirm_retry": ("ZQSYNC_CONFIRM_RETRY", _confirm_retry),
         "congestion": ("ZQSYNC_CONGESTION", _congestion),
         "wait_before_drop": ("ZQSYNC_WAIT_BEFORE_DROP", _seconds),
         "linger": ("ZQSYNC_LINGER", _seconds),

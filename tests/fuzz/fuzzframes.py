@@ -12,7 +12,7 @@ huge declared lengths, deep nesting, non-str keys) and raw garbage.
 :class:`FuzzDriver` sends messages to a worker's jobs socket (PUSH) and rpc
 socket (DEALERs, and a ROUTER that talks to the worker's ROUTER), drains the
 replies without waiting for each one, and predicts, by decoding every part
-locally with the same :mod:`zqsync.protocol`, what the worker must count.
+locally with the same :mod:`zqsync.wire.envelope`, what the worker must count.
 """
 
 from __future__ import annotations

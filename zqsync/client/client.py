@@ -17,10 +17,10 @@ import zmq
 
 from .. import _common
 from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, RemoteError, Unconfirmed, remote_error
-from ..settings import ClientSettings, default_endpoint
+from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope as protocol
 from ..wire.curve import Curve
-from ..wire.endpoints import split_endpoint
+from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
 from . import transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
@@ -53,7 +53,9 @@ class Client:
         acknowledgement before retrying; default ``ZQSYNC_CONFIRM_RETRY`` (1.0).
     :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
-    :raises ConfigurationError: a malformed endpoint or setting.
+    :raises ConfigurationError: a malformed or unusable endpoint (see
+        :func:`parse_endpoint`), an endpoint listed twice or overlapping
+        another's port pair, or a setting out of range.
 
     Building a client opens nothing: sockets are opened on first use, per
     process and per gevent hub (per thread outside gevent), and reused. One
@@ -82,6 +84,7 @@ class Client:
         names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
+        check_distinct([parse_endpoint(name) for name in names], names)
         pairs = [split_endpoint(name) for name in names]
         self.endpoints: tuple[str, ...] = tuple(jobs for jobs, _ in pairs)
         self._jobs_address = self.endpoints if len(pairs) > 1 else self.endpoints[0]
@@ -151,17 +154,24 @@ class Client:
         :param congestion: overrides the client's congestion control for this job.
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
-        :param job_id: an id of your own (at most 64 characters) instead of a new one.
+        :param job_id: an id of your own (a non-empty str of at most 64 characters) instead of a new one.
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
         :raises RemoteError: ``confirm=True`` and the worker refused the job
             (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``).
+        :raises ProtocolError: the job breaks a limit the worker enforces
+            (``protocol`` module: 16 MiB frame, nesting, key types, ``job_id``);
+            nothing is sent.
+        :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
+            (or 0 with ``confirm=True``).
         """
         self._check_open()
-        job_id = job_id or os.urandom(16).hex()
+        job_id = os.urandom(16).hex() if job_id is None else job_id
         kind = "confirm" if confirm else "job"
         frame = protocol.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        if send_timeout is not None:
+            send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:
             total = self.settings.confirm_timeout if send_timeout is None else send_timeout
             self._confirm(frame, job_id, task, total)
@@ -174,6 +184,8 @@ class Client:
                 sock, frame, self._jobs_address, mode,
                 send_timeout=timeout, wait_before_drop=self.settings.wait_before_drop,
             )
+            if sent:
+                self._push.note_sent(sock)
         self._counts["enqueued" if sent else "dropped"] += 1
         return job_id
 
@@ -203,8 +215,10 @@ class Client:
         :returns: the task's return value, as msgpack decodes it (tuples come back as lists).
         :raises RemoteError: the task raised (``remote_type``, ``remote_message``,
             ``remote_traceback`` describe it); :class:`UnknownTask` if no such task.
-        :raises CallTimeout: no reply within the client's ``call_timeout``.
-        :raises ProtocolError: the reply could not be decoded.
+        :raises CallTimeout: no reply within the client's ``call_timeout``;
+            it names the endpoints and the likely causes.
+        :raises ProtocolError: the request breaks a limit the worker enforces
+            (nothing is sent), or the reply could not be decoded.
 
         Blocks the calling greenlet (or thread) until the reply or the deadline.
         A ``gevent.Timeout`` of the caller's own propagates unchanged, and the
@@ -223,9 +237,10 @@ class Client:
         """Call with per-call options; see :meth:`call`.
 
         :param timeout: deadline for this call, seconds (default: ``call_timeout``).
+        :raises ConfigurationError: ``timeout`` is not a finite number above 0.
         """
         self._check_open()
-        timeout = self.settings.call_timeout if timeout is None else float(timeout)
+        timeout = self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
         request_id = os.urandom(16).hex()
         name = _task_name(task)
         frame = protocol.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
@@ -250,11 +265,11 @@ class Client:
         self, sock: zmq.Socket, frame: bytes, request_id: str, task: str, timeout: float, deadline: float
     ) -> protocol.Reply:
         if not transport.send(sock, frame, max(0.0, deadline - time.monotonic())):
-            raise CallTimeout(task, timeout)
+            raise CallTimeout(task, timeout, list(self.endpoints))
         while True:
             data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
             if data is None:
-                raise CallTimeout(task, timeout)
+                raise CallTimeout(task, timeout, list(self.endpoints))
             reply = protocol.decode_reply(data)
             if reply.id == request_id or (reply.id == "" and not reply.ok):
                 return reply

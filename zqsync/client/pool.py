@@ -6,9 +6,14 @@ rule numbers below refer to it.
 * Sockets are bucketed by ``(owner, address)``; the owner is ``(pid, hub)``
   under gevent and ``(pid, thread)`` otherwise (rule 1, ``owner.py``).
 * A lease is exclusive (rule 2): a socket is in one bucket *or* in one lease.
-* Any exception in a lease body, ``BaseException`` included, closes the socket
-  with ``linger=0`` instead of parking it (rule 3): the request may be on the
-  wire and its late reply must never reach the next lessee.
+* An exception in a lease body, ``BaseException`` included, affects only the
+  request that raised it (rule 3). A socket that receives replies (DEALER) is
+  closed with ``linger=0`` instead of parked: its request may be on the wire,
+  and the late reply must never reach the next lessee. A send-only socket
+  (PUSH) has no reply to go stale, and its queue holds other callers' jobs:
+  it is parked as after a clean exit (a ``Congested``, a timeout or a killed
+  greenlet queued nothing, since ZeroMQ takes a frame whole or not at all),
+  and only a ``zmq.ZMQError`` discards it, with the normal linger.
 * A closed socket is never parked; a full bucket closes the surplus (rule 4).
 * At most ``maxsize`` sockets per ``(owner, address)`` are in flight; excess
   callers wait on a per-address permit, bounded by ``lease(timeout=)``
@@ -26,11 +31,30 @@ rule numbers below refer to it.
   :class:`PoolError`, never aborts (rule 10).
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
   sockets (rule 12, ``transport.py``).
+
+Liveness. A socket that receives replies (DEALER) sends ZMTP heartbeats
+(``ZQSYNC_HEARTBEAT`` seconds apart, dead after three unanswered): it carries
+one request at a time, so the worker's libzmq always reads its connection and
+answers, and a cut link is noticed in about three intervals. A send-only
+socket (PUSH) sends none: a worker whose receive high-water mark is full stops
+reading the connection, the heartbeats would go unanswered, and the client
+would drop a healthy, merely busy connection with every job queued on it; and
+a heartbeat reply arriving as the socket closes makes the kernel reset the
+connection, losing the unsent tail. PUSH sockets use TCP keepalive instead
+(idle and interval ``ZQSYNC_HEARTBEAT`` rounded up to whole seconds, three
+probes): the worker's kernel answers it whatever the worker's backlog, so it
+cannot kill a busy connection, and it sends no data, so closing stays a clean
+FIN. It notices a dead host on an idle connection; a connection with
+unacknowledged data is given up by the kernel's own retransmission limit.
+A PUSH connection to a dead host holds at most its high-water mark of jobs;
+ZeroMQ then sends the rest to the other workers listed.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
+import math
 import os
 import secrets
 import time
@@ -47,7 +71,13 @@ from . import lifecycle
 from .owner import Owner, current_owner
 from .permits import new_permits
 
+log = logging.getLogger(__name__)
+
 Address = Union[str, tuple]
+#: Socket types that never receive: an error in a lease cannot leave a stale reply behind (rule 3).
+SEND_ONLY = frozenset({zmq.PUSH, zmq.PUB})
+#: TCP keepalive probes before a send-only socket's idle connection counts as dead.
+KEEPALIVE_PROBES = 3
 #: Seconds between two searches for owners that ended (rule 8).
 SWEEP_INTERVAL = 1.0
 
@@ -64,7 +94,8 @@ class SocketPool:
     :param lease_timeout: default bound, seconds, on waiting for a free slot.
         Default ``ZQSYNC_LEASE_TIMEOUT`` (5.0).
     :param linger: seconds a cleanly closed socket may spend flushing queued
-        messages. Default ``ZQSYNC_LINGER`` (1.0). Poisoned sockets use 0.
+        messages. Default ``ZQSYNC_LINGER`` (1.0). A DEALER discarded after an
+        error uses 0 (rule 3).
     :param hwm: send and receive high-water mark, messages. Default ``ZQSYNC_HWM``.
     :param max_sockets: the context's ``MAX_SOCKETS``. Default ``ZQSYNC_MAX_SOCKETS``.
     :param peers: addresses this pool is expected to dial, for the budget warning.
@@ -93,6 +124,7 @@ class SocketPool:
             pool_size=maxsize, lease_timeout=lease_timeout, linger=linger, hwm=hwm, max_sockets=max_sockets
         )
         self.socket_type = socket_type
+        self.send_only = socket_type in SEND_ONLY
         self.maxsize = resolved.pool_size
         self.lease_timeout = resolved.lease_timeout
         self.max_sockets = resolved.max_sockets
@@ -106,8 +138,8 @@ class SocketPool:
         self._addresses: set[Any] = set()
         self._warned_budget = False
         self._stats = dict.fromkeys(
-            ("opened", "reused", "discarded_poisoned", "discarded_full", "waits", "peak_in_flight",
-             "stale_replies", "forks_detected", "swept"),
+            ("opened", "reused", "discarded_poisoned", "discarded_full", "kept_after_error", "waits",
+             "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
             0,
         )
         self._stats_wait_seconds = 0.0
@@ -124,6 +156,7 @@ class SocketPool:
         self._owners: dict[tuple, Owner] = {}
         self._next_sweep = 0.0
         self._leased: dict[zmq.Socket, Any] = {}  # socket -> holder greenlet
+        self._sent: dict[zmq.Socket, int] = {}  # send-only socket -> messages handed to it
         self._in_flight = 0
         self._live = 0
         # Written last: a thread racing the reset still sees a mismatch (redis-py's _checkpid).
@@ -189,8 +222,9 @@ class SocketPool:
             sockets to this address are already leased by this owner.
             Default: the pool's ``lease_timeout``.
         :returns: a context manager yielding the socket. On a clean exit the
-            socket returns to the pool; on *any* exception it is closed with
-            ``linger=0`` and the exception propagates.
+            socket returns to the pool. On an exception (which propagates) a
+            DEALER is closed with ``linger=0``; a PUSH is parked unless the
+            exception is a ``zmq.ZMQError`` (rule 3).
         :raises PoolError: the wait ran out, the lease is nested inside
             another lease, the pool is closed, or the socket budget is spent.
 
@@ -307,22 +341,34 @@ class SocketPool:
         # being queued and delivered, stale, much later; and with several
         # endpoints, messages go only to the ones that are up.
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        # A peer that vanished without a FIN (a cut link, a dead host) is
-        # noticed by ZMTP heartbeats in about three intervals, so messages
-        # stop going into its dead connection; and a connect attempt is
-        # abandoned and redialled after connect_timeout instead of waiting
-        # out the kernel's growing SYN retry delay.
-        if self._heartbeat_ms:
-            sock.setsockopt(zmq.HEARTBEAT_IVL, self._heartbeat_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * self._heartbeat_ms)
+        endpoints = (address,) if isinstance(address, str) else address
+        if any("://[" in endpoint for endpoint in endpoints):
+            sock.setsockopt(zmq.IPV6, 1)  # only for IPv6 literals: host names keep resolving to IPv4
+        self._configure_liveness(sock)
+        # A connect attempt is abandoned and redialled after connect_timeout
+        # instead of waiting out the kernel's growing SYN retry delay.
         if self._connect_timeout_ms:
             sock.setsockopt(zmq.CONNECT_TIMEOUT, self._connect_timeout_ms)
         # The identity names the process, so a peer can count sockets per process.
         sock.setsockopt(zmq.IDENTITY, f"zq-{os.getpid()}-{secrets.token_hex(4)}".encode())
         for option, value in self._options.items():
             sock.setsockopt(option, value)
-        for endpoint in (address,) if isinstance(address, str) else address:
+        for endpoint in endpoints:
             sock.connect(endpoint)
+
+    def _configure_liveness(self, sock: zmq.Socket) -> None:
+        """ZMTP heartbeats on sockets that receive, TCP keepalive on send-only ones (module docstring)."""
+        if not self._heartbeat_ms:
+            return
+        if self.send_only:
+            seconds = max(1, math.ceil(self._heartbeat_ms / 1000))
+            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, seconds)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, seconds)
+            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+        else:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self._heartbeat_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * self._heartbeat_ms)
 
     def _enter_flight(self, sock: zmq.Socket, holder: Any) -> None:
         """Record ``sock`` as leased by ``holder``. Caller holds the lock."""
@@ -346,12 +392,12 @@ class SocketPool:
                 return  # inherited: dropped, never closed (rule 9)
             bucket = self._idle.setdefault(key, [])
             if sock.closed:
-                self._live -= 1
+                self._forget(sock)
                 return
             if self._closed or len(bucket) >= self.maxsize:
                 surplus = sock
                 self._stats["discarded_full"] += 1
-                self._live -= 1
+                self._forget(sock)
             else:
                 bucket.append(sock)
         if surplus is not None:
@@ -363,8 +409,19 @@ class SocketPool:
                 return
             self._stats["discarded_poisoned"] += 1
             if not sock.closed:
-                self._live -= 1
-        sock.close(linger=0)
+                self._forget(sock)
+        # A DEALER's late reply must never reach another caller: drop everything now.
+        # A PUSH queues other callers' jobs: they get the normal linger (rule 3).
+        sock.close(linger=None if self.send_only else 0)
+
+    def _forget(self, sock: zmq.Socket) -> None:
+        """Count an open socket as closed. Caller holds the lock."""
+        self._live -= 1
+        self._sent.pop(sock, None)
+
+    def note_sent(self, sock: zmq.Socket) -> None:
+        """Count one message handed to a leased send-only socket (for ``unsent_at_close``)."""
+        self._sent[sock] = self._sent.get(sock, 0) + 1  # one holder per socket: no race
 
     def _sweep(self) -> None:
         # Owners end silently (a thread returns, a hub is destroyed), so look
@@ -383,7 +440,7 @@ class SocketPool:
                 del self._permits[key]
                 for sock in self._idle.pop(key, []):
                     lifecycle.close_foreign(sock, self._linger_ms)
-                    self._live -= 1
+                    self._forget(sock)
                     self._stats["swept"] += 1
 
     # -- reporting and shutdown ------------------------------------------
@@ -395,10 +452,14 @@ class SocketPool:
     def stats(self) -> dict[str, float]:
         """Counters for this pool in this process.
 
-        :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``,
-            ``discarded_full``, ``waits``, ``wait_seconds`` (float seconds),
+        :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``
+            (closed after an error in the lease), ``discarded_full``,
+            ``kept_after_error`` (send-only sockets parked after an error,
+            rule 3), ``waits``, ``wait_seconds`` (float seconds),
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,
-            ``swept``, ``in_flight`` and ``open`` (sockets open now).
+            ``swept``, ``unsent_at_close`` (messages possibly dropped when a
+            close's linger ran out, an upper bound: see :meth:`close`),
+            ``in_flight`` and ``open`` (sockets open now).
         """
         with self._lock:
             result: dict[str, float] = dict(self._stats)
@@ -410,27 +471,55 @@ class SocketPool:
     def close(self, *, linger: Optional[float] = None) -> None:
         """Close idle sockets and, once none is in flight, the context.
 
-        :param linger: seconds each idle socket may spend flushing queued
+        :param linger: seconds the idle sockets may spend flushing queued
             messages (default: the pool's linger). Never blocks longer than
-            that per socket, even with peers unreachable (rule 11).
+            about that, even with peers unreachable (rule 11).
 
-        Sockets still leased are closed when their lease ends. Idempotent.
+        Blocks until every queued message was handed to the kernel's TCP
+        buffers (which then deliver it to a live worker, even after this
+        process exits: the connection closes with a FIN, never a reset) or
+        until ``linger`` ran out; libzmq then discards what is left. For a
+        send-only pool, a ``linger`` that ran out adds to the ``unsent_at_close``
+        counter and logs a WARNING. libzmq does not tell how long its queues
+        are, so the count is an upper bound: per socket still flushing, the
+        messages handed to it, but at most its high-water mark per endpoint.
+        With ``linger=0``, or with sockets still leased (closed when their
+        lease ends, without waiting), nothing is counted.
+
+        Idempotent.
         """
         if self._pid != os.getpid():
             self._check_fork()
         linger_ms = self._linger_ms if linger is None else int(linger * 1000)
         with self._lock:
             self._closed = True
-            idle = [sock for bucket in self._idle.values() for sock in bucket]
+            idle = [(sock, address) for (_, address), bucket in self._idle.items() for sock in bucket]
             self._idle.clear()
-            self._live -= len(idle)
+            queued_at_most = sum(self._queued_at_most(sock, address) for sock, address in idle)
+            for sock, _ in idle:
+                self._forget(sock)
             context, in_flight = self._context, self._in_flight
             if in_flight == 0:
                 self._context = None
-        for sock in idle:
+        for sock, _ in idle:
             lifecycle.close_foreign(sock, linger_ms)
-        if context is not None and in_flight == 0:
-            context.term()
+        if context is None or in_flight:
+            return
+        started = time.monotonic()
+        context.term()  # waits for every socket's linger
+        if linger_ms and queued_at_most and time.monotonic() - started >= linger_ms / 1000 - 0.01:
+            self._stats["unsent_at_close"] += queued_at_most
+            log.warning(
+                "closing: the linger of %.3f s ran out before the worker(s) took every queued message: up to %d "
+                "left unsent and dropped (worker stalled, stopped or unreachable; raise linger= to wait longer)",
+                linger_ms / 1000, queued_at_most,
+            )
+
+    def _queued_at_most(self, sock: zmq.Socket, address: Address) -> int:
+        """An upper bound on the messages libzmq may still queue for ``sock``. Caller holds the lock."""
+        sent = self._sent.get(sock, 0)
+        endpoints = 1 if isinstance(address, str) else len(address)
+        return min(sent, self._hwm * endpoints) if self._hwm else sent
 
     def __repr__(self) -> str:
         return f"<SocketPool type={self.socket_type} maxsize={self.maxsize} pid={self._pid}>"
@@ -453,8 +542,10 @@ def _kill_copied_greenlets(doomed: list[Any]) -> None:
 class Lease:
     """One socket leased from a :class:`SocketPool`; a context manager yielding the socket.
 
-    Leaving the ``with`` block cleanly parks the socket; leaving it by any
-    exception, ``BaseException`` included, discards it (pool rule 3).
+    Leaving the ``with`` block cleanly parks the socket. Leaving it by an
+    exception, ``BaseException`` included, discards a socket that receives
+    replies; a send-only socket is parked unless the exception is a
+    ``zmq.ZMQError`` (pool rule 3).
     """
 
     __slots__ = ("_pool", "_key", "_permits", "_holder", "socket", "_pid")
@@ -470,6 +561,9 @@ class Lease:
         _holders.pop(self._holder, None)
         try:
             if exc_type is None:
+                self._pool._park(self._key, self.socket, self._pid)
+            elif self._pool.send_only and not issubclass(exc_type, zmq.ZMQError):
+                self._pool._stats["kept_after_error"] += 1
                 self._pool._park(self._key, self.socket, self._pid)
             else:
                 self._pool._discard(self.socket, self._pid)

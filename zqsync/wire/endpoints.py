@@ -7,14 +7,22 @@ import re
 
 from ..errors import ConfigurationError
 
-_ENDPOINT = re.compile(r"^tcp://(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
+_ENDPOINT = re.compile(r"^tcp://(?P<host>\[[^\]]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
 
 
 def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int]:
     """Split ``"tcp://HOST:PORT"`` into ``("tcp://HOST", PORT)``.
 
-    :param allow_zero: accept PORT 0 ("pick a free port", for binding).
-    :raises ConfigurationError: not ``tcp://HOST:PORT`` with PORT in 1..65534 (or 0 if allowed).
+    HOST is an IPv4 address, an IPv6 address in brackets (``tcp://[::1]:5555``),
+    or an ASCII host name (ZeroMQ resolves it when it connects, to IPv4
+    addresses; encode an international name with IDNA, ``xn--...``).
+
+    :param allow_zero: for binding: also accept PORT 0 ("pick a free port")
+        and HOST ``*`` (every interface).
+    :raises ConfigurationError: anything else, naming the endpoint: not
+        ``tcp://HOST:PORT``, PORT outside 1..65534 (0 if allowed), a ``*``
+        host to connect to, a malformed address, a non-ASCII name.
     """
     match = _ENDPOINT.match(endpoint.strip()) if isinstance(endpoint, str) else None
     port = int(match["port"]) if match else -1
@@ -23,7 +31,46 @@ def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int
             f"worker endpoint must look like tcp://HOST:PORT (jobs on PORT, rpc on PORT+1), got {endpoint!r}",
             setting="endpoint",
         )
+    problem = _host_problem(match["host"], allow_zero)
+    if problem:
+        raise ConfigurationError(f"worker endpoint {endpoint!r}: {problem}", setting="endpoint")
     return f"tcp://{match['host']}", port
+
+
+def _host_problem(host: str, binding: bool) -> str:
+    """Why ``host`` cannot work, or ``""``."""
+    if host == "*":
+        return "" if binding else "'*' binds every interface; a client must name the worker's host or address"
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host} is not an IPv6 address"
+        return ""
+    if not host.isascii():
+        return f"host {host!r} is not ASCII: encode an international name with IDNA (xn--...)"
+    if re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv4 address"
+        return ""
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in host.split(".")):
+        return f"{host!r} is not a valid host name"
+    return ""
+
+
+def check_distinct(pairs: list[tuple[str, int]], names: list[str]) -> None:
+    """Refuse an endpoint listed twice, or one whose port pair overlaps another's."""
+    seen: dict[tuple[str, int], str] = {}
+    for (host, port), name in zip(pairs, names):
+        key = (host.lower(), port)
+        for other_port in (port - 1, port, port + 1):
+            other = seen.get((key[0], other_port))
+            if other is not None:
+                what = "is listed twice" if other_port == port else "overlaps (a worker uses PORT and PORT+1)"
+                raise ConfigurationError(f"worker endpoint {name!r} {what}: {other!r}", setting="endpoints")
+        seen[key] = name
 
 
 def split_endpoint(endpoint: str) -> tuple[str, str]:

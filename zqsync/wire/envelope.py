@@ -15,10 +15,24 @@ Reply (worker to client, on the rpc socket only; an error reply has an empty
     {"v": 1, "id": str, "ok": false, "error": {"type": str, "message": str, "traceback": str}}
 
 ``id`` is the job id or request id, echoed in every reply so that a client
-can recognise and drop a stray reply (docs/design.md, pool rule 3). Decoding
-validates every field it uses and raises :class:`~zqsync.errors.ProtocolError`
-and nothing else. Task arguments and results must be msgpack-serialisable:
-``None``, bool, int, float, str, bytes, lists/tuples and maps of those.
+can recognise and drop a stray reply (docs/design.md, pool rule 3). Decoding validates every
+field it uses and raises :class:`~zqsync.errors.ProtocolError` and nothing
+else. Task arguments and results must be msgpack-serialisable: ``None``,
+bool, int, float, str, bytes, lists/tuples and maps of those.
+
+One set of limits holds on both sides: :func:`encode_request` (the client,
+before anything is sent) and :func:`decode_request` (the worker) run the same
+checks, so a request the worker would refuse raises ``ProtocolError`` in the
+caller instead of being counted as enqueued and dropped at the worker:
+
+* a frame of at most :data:`MAX_MESSAGE_SIZE` bytes (16 MiB; the worker's
+  ``ZMQ_MAXMSGSIZE`` resets a connection that carries a larger one);
+* ``id`` a non-empty str of at most :data:`MAX_ID` characters, ``task`` one of
+  at most :data:`MAX_TASK_NAME`;
+* ``kwargs`` keys are str; map keys anywhere are scalars (str, bytes, int,
+  float, bool, None; a tuple key would decode as an unhashable list);
+* nesting at most :data:`MAX_DEPTH` levels and at most :data:`MAX_ITEMS`
+  elements per list or map.
 """
 
 from __future__ import annotations
@@ -96,27 +110,47 @@ def _short(value: Any) -> str:
     return _REPR.repr(value)
 
 
+#: Types a map key may have: msgpack decodes them to hashable values.
+KEY_TYPES = (str, bytes, int, float, bool, type(None))
+
+
 def _check_str(message: dict[str, Any], field: str, limit: int) -> str:
-    value = message.get(field)
+    return _check_text(field, message.get(field), limit)
+
+
+def _check_text(field: str, value: Any, limit: int) -> str:
     if not isinstance(value, str) or not value or len(value) > limit:
         raise ProtocolError(f"field {field!r} must be a non-empty str of at most {limit} characters, got {_short(value)}")
     return value
 
 
-def encode_request(kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None) -> bytes:
+def encode_request(
+    kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None, *, max_size: int = MAX_MESSAGE_SIZE
+) -> bytes:
     """Encode a request frame.
 
     :param kind: ``"job"`` (fire and forget), ``"call"`` (a reply is expected)
         or ``"confirm"`` (a job acknowledged once journaled).
-    :param request_id: job id or request id, at most 64 characters.
-    :param task: registered task name.
+    :param request_id: job id or request id, a non-empty str of at most 64 characters.
+    :param task: registered task name, at most 200 characters.
     :param args: positional arguments (tuple or list).
     :param kwargs: keyword arguments (dict with str keys) or ``None``.
-    :raises ProtocolError: an argument cannot be serialised.
+    :param max_size: the largest frame, bytes, a worker accepts.
+    :raises ProtocolError: the request breaks a limit of the module docstring
+        (the message names the limit and the value), or an argument cannot be
+        serialised. Nothing is sent then.
     """
-    return _pack(
-        {"v": VERSION, "id": request_id, "kind": kind, "task": task, "args": list(args), "kwargs": kwargs or {}}
-    )
+    _check_text("id", request_id, MAX_ID)
+    _check_text("task", task, MAX_TASK_NAME)
+    args, kwargs = list(args), kwargs or {}
+    _check_arguments(args, kwargs)
+    frame = _pack({"v": VERSION, "id": request_id, "kind": kind, "task": task, "args": args, "kwargs": kwargs})
+    if len(frame) > max_size:
+        raise ProtocolError(
+            f"the request for task {task!r} encodes to {len(frame)} bytes, over the limit of {max_size} bytes "
+            f"(MAX_MESSAGE_SIZE) that a worker accepts: not sent"
+        )
+    return frame
 
 
 def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
@@ -134,24 +168,40 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
     kwargs = message.get("kwargs", {})
     if not isinstance(args, list):
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
-    if not isinstance(kwargs, dict) or not all(isinstance(key, str) for key in kwargs):
-        raise ProtocolError("field 'kwargs' must be a map with str keys")
-    _check_depth(args)
-    _check_depth(kwargs)
+    _check_arguments(args, kwargs)
     return Request(message["id"], kind, task, args, kwargs)
 
 
-def _check_depth(value: Any) -> None:
-    """Refuse nesting deeper than MAX_DEPTH (iteratively: no recursion to exhaust)."""
+def _check_arguments(args: list[Any], kwargs: Any) -> None:
+    if not isinstance(kwargs, dict):
+        raise ProtocolError(f"field 'kwargs' must be a map with str keys, got {type(kwargs).__name__}")
+    bad = [key for key in kwargs if not isinstance(key, str)]
+    if bad:
+        raise ProtocolError(f"field 'kwargs' must be a map with str keys, got key {_short(bad[0])}")
+    _check_value(args)
+    _check_value(kwargs)
+
+
+def _check_value(value: Any) -> None:
+    """Refuse nesting deeper than MAX_DEPTH, lists or maps over MAX_ITEMS, and map keys
+    that are not scalars (iteratively: no recursion to exhaust)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels")
-        if isinstance(item, list):
+            raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels (MAX_DEPTH)")
+        if isinstance(item, (list, tuple, dict)) and len(item) > MAX_ITEMS:
+            raise ProtocolError(f"a list or map of {len(item)} elements is over the limit of {MAX_ITEMS} (MAX_ITEMS)")
+        if isinstance(item, (list, tuple)):
             stack.extend((child, depth + 1) for child in item)
         elif isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
+            for key, child in item.items():
+                if not isinstance(key, KEY_TYPES):
+                    raise ProtocolError(
+                        f"map key {_short(key)} is a {type(key).__name__}: keys must be str, bytes, int, float, "
+                        "bool or None"
+                    )
+                stack.append((child, depth + 1))
 
 
 def encode_result(request_id: str, result: Any) -> bytes:
@@ -182,7 +232,7 @@ def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
         _check_str(message, "id", MAX_ID)
     if ok is True:
         result = message.get("result")
-        _check_depth(result)
+        _check_value(result)
         return Reply(message["id"], True, result, None)
     error = message.get("error")
     if ok is not False or not isinstance(error, dict):

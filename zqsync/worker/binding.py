@@ -19,15 +19,21 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
     """Bind ``jobs`` to PORT and ``rpc`` to PORT+1 of ``address`` (``tcp://HOST:PORT``).
 
     PORT ``0`` picks a free pair in 20000..60000, retrying while PORT+1 is taken.
+    HOST may be an IPv4 address, ``*`` (every IPv4 interface), a host name,
+    or an IPv6 address in brackets (``tcp://[::1]:5555``; both sockets then
+    get ``ZMQ_IPV6``).
     With ``curve_secret_key`` both sockets become CURVE servers (the caller
     runs the ZAP authenticator); without it, a non-loopback address is
     bound with a warning, since anyone who can reach it can run tasks.
 
     :returns: the bound base endpoint.
-    :raises ConfigurationError: malformed address, or no free pair found.
+    :raises ConfigurationError: malformed address (naming it), or no free pair found.
     :raises zmq.ZMQError: a fixed port is in use or the host is unavailable.
     """
     host, port = parse_endpoint(address, allow_zero=True)
+    if host.startswith("tcp://["):
+        jobs.setsockopt(zmq.IPV6, 1)
+        rpc.setsockopt(zmq.IPV6, 1)
     if curve_secret_key:
         for option, value in server_options(curve_secret_key).items():
             jobs.setsockopt(option, value)
