@@ -79,3 +79,20 @@ def test_the_worker_module_without_django_settings_says_what_to_set(tmp_path):
                             text=True, timeout=60)
     assert result.returncode == 1
     assert "set DJANGO_SETTINGS_MODULE" in result.stderr
+
+
+def test_two_apps_registering_one_task_name_stop_the_worker_with_both_names(tmp_path):
+    for app in ("billing", "mail"):
+        (tmp_path / app).mkdir()
+        (tmp_path / app / "__init__.py").write_text("")
+        (tmp_path / app / "tasks.py").write_text(
+            "from zqsync.worker import Registry\nregistry = Registry()\nregistry.add(len, name='send')\n")
+    (tmp_path / "dupsettings.py").write_text("INSTALLED_APPS = ['zqsync.contrib.django', 'billing', 'mail']\n"
+                                             "SECRET_KEY = 'x'\n")
+    result = subprocess.run([sys.executable, "-m", "zqsync", "worker", "zqsync.contrib.django.worker",
+                             "--bind", "tcp://127.0.0.1:0"], cwd=str(tmp_path),
+                            env={**os.environ, "DJANGO_SETTINGS_MODULE": "dupsettings"}, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(
+        "ConfigurationError: task 'send' is registered by both billing.tasks and mail.tasks"), result.stderr
