@@ -15,7 +15,7 @@ import sys
 import tempfile
 from typing import Any, Optional, Sequence
 
-from . import settings
+from . import __version__, settings
 
 EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
 
@@ -48,6 +48,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+CLIENT_COMMANDS = (
+    ("call", "call a task and print its result as JSON", "Call a task and print its result as JSON."),
+    ("enqueue", "enqueue a job (at most once) and print its job id",
+     "Enqueue a job and print its job id. Without --confirm it is at most once and fire-and-forget: a worker "
+     "that has no task of that name drops the job (counted in 'zqsync stats' as unknown_task, and logged), "
+     "and this command still exits 0. With --confirm the worker answers, so an unknown task fails here."),
+)
+TIMEOUT_HELP = {
+    "call": "seconds to wait for the task's result (default: ZQSYNC_CALL_TIMEOUT, 10)",
+    "enqueue": "seconds to wait for the worker to take the job (default: ZQSYNC_SEND_TIMEOUT, 1), or with "
+    "--confirm for its acknowledgement (default: ZQSYNC_CONFIRM_TIMEOUT, 10)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
@@ -55,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pooled ZeroMQ job enqueue and RPC for gevent and synchronous Python.",
         epilog=EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"zqsync {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -116,19 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--json", action="store_true", help="print one JSON object per job instead of a table")
     jobs.set_defaults(handler=cmd_jobs)
 
-    for name, verb in (("call", "call a task and print its result as JSON"),
-                       ("enqueue", "enqueue a job (at most once) and print its job id")):
+    for name, verb, description in CLIENT_COMMANDS:
         sub = commands.add_parser(name, parents=[common, curve_client], help=verb,
-                                  description=verb.capitalize() + ".", epilog=EPILOG)
+                                  description=description, epilog=EPILOG)
         sub.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
         sub.add_argument("task", metavar="TASK", help="registered task name")
         sub.add_argument("args", metavar="ARG", nargs="*", type=_json_or_str,
                          help="positional task arguments, each parsed as JSON, else taken as a string")
         sub.add_argument("--kwargs", type=_kwargs, default={}, metavar="JSON", help="keyword arguments as a JSON object")
-        sub.add_argument("--timeout", type=_seconds, default=None,
-                         help="seconds to wait for the reply (call) or for the worker to take the job (enqueue); "
-                         "default ZQSYNC_CALL_TIMEOUT / ZQSYNC_SEND_TIMEOUT")
+        sub.add_argument("--timeout", type=_seconds, default=None, help=TIMEOUT_HELP[name])
         sub.set_defaults(handler=cmd_call if name == "call" else cmd_enqueue)
+        if name == "enqueue":
+            sub.add_argument("--confirm", action="store_true",
+                             help="wait until the worker has journaled the job (it then runs at least once); an "
+                             "unknown task or a worker without --state-dir fails with a non-zero exit")
 
     stats = commands.add_parser(
         "stats", parents=[common, curve_client], help="show a live worker's counters, task durations and pool stats",
@@ -210,7 +226,9 @@ def load_registry(app: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise SystemExit(f"zqsync worker: cannot import {module_name!r}: {exc}") from exc
-    registry = getattr(module, attr, None)
+    if not hasattr(module, attr):
+        raise SystemExit(f"zqsync worker: module {module_name!r} has no attribute {attr!r}")
+    registry = getattr(module, attr)
     if not isinstance(registry, Registry):
         raise SystemExit(f"zqsync worker: {module_name}.{attr} is {type(registry).__name__}, not a zqsync.worker.Registry")
     return registry
@@ -325,7 +343,8 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout)
+        job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout,
+                                             confirm=args.confirm)
     print(job_id)
     return 0
 
@@ -389,6 +408,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return subprocess.call([sys.executable, "-m", "benchmarks", *bench_argv(args)], cwd=root)
 
 
+def _error_text(exc: BaseException) -> str:
+    """``Type: message``, naming the type once: a remote error's text already starts with its remote type."""
+    text, name = str(exc), type(exc).__name__
+    return text if text.startswith(name + ":") else f"{name}: {text}"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``zqsync`` console script; returns the exit status."""
     from .errors import ZqsyncError
@@ -398,7 +423,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except ZqsyncError as exc:
-        print(f"zqsync {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"zqsync {args.command}: {_error_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

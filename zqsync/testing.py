@@ -68,9 +68,10 @@ def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwa
 
     :param timeout: seconds the child may run before it is SIGKILLed.
     :returns: the child's return value (it must be picklable).
-    :raises: the child's exception, re-raised, with the child's traceback as
-        its ``__notes__``; :class:`ForkFailed` if the child hung past
-        ``timeout``, exited non-zero, or died by a signal.
+    :raises Exception: the child's exception, re-raised, with the child's
+        traceback as its ``__notes__``.
+    :raises ForkFailed: the child hung past ``timeout``, exited non-zero, or
+        died by a signal.
     """
     handle, path = tempfile.mkstemp(prefix="zqsync-fork-")
     os.close(handle)

@@ -1,0 +1,75 @@
+"""The messages a newcomer meets on the command line, run as real subprocesses against a real worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import zqsync
+from tests.helpers import wait_for
+
+
+def zqsync_cli(*args: str, cwd: str | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zqsync", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_version_prints_the_package_version():
+    result = zqsync_cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"zqsync {zqsync.__version__}\n"
+
+
+def test_unknown_task_error_names_its_type_once(zq_worker):
+    worker = zq_worker()
+    result = zqsync_cli("call", worker.endpoint, "nosuch")
+    assert result.returncode == 1
+    assert result.stderr.startswith("zqsync call: UnknownTask: no task named 'nosuch' is registered"), result.stderr
+    assert result.stderr.count("UnknownTask") == 1, result.stderr
+
+
+def test_a_task_error_keeps_both_the_local_and_the_remote_type(zq_worker):
+    worker = zq_worker()
+    result = zqsync_cli("call", worker.endpoint, "fail", "nope")
+    assert result.returncode == 1
+    assert result.stderr.startswith("zqsync call: RemoteError: RuntimeError: nope"), result.stderr
+
+
+def test_worker_with_a_missing_attribute_says_the_module_has_no_such_attribute(tmp_path):
+    (tmp_path / "mytasks.py").write_text("from zqsync.worker import Registry\nregistry = Registry()\n")
+    result = zqsync_cli("worker", "mytasks:nosuch", "--bind", "tcp://127.0.0.1:0", cwd=str(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "zqsync worker: module 'mytasks' has no attribute 'nosuch'"
+
+
+def test_enqueue_confirm_fails_for_an_unknown_task_and_succeeds_for_a_known_one(zq_worker, tmp_path):
+    worker = zq_worker(extra_args=["--state-dir", str(tmp_path / "state")])
+    unknown = zqsync_cli("enqueue", worker.endpoint, "nosuch", "--confirm")
+    assert unknown.returncode == 1
+    assert unknown.stdout == ""
+    assert unknown.stderr.startswith("zqsync enqueue: UnknownTask: no task named 'nosuch'"), unknown.stderr
+
+    target = tmp_path / "line.txt"
+    known = zqsync_cli("enqueue", worker.endpoint, "record", str(target), "confirmed", "--confirm")
+    assert known.returncode == 0, known.stderr
+    assert len(known.stdout.strip()) == 32
+    assert worker.stats()["confirmed_received"] == 1
+    wait_for(lambda: target.exists() and target.read_text() == "confirmed\n", what="the confirmed job's line")
+
+
+def test_plain_enqueue_of_an_unknown_task_exits_0_and_the_worker_counts_the_drop(zq_worker):
+    worker = zq_worker()
+    result = zqsync_cli("enqueue", worker.endpoint, "nosuch")
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: worker.stats()["unknown_task"] == 1, what="the worker's unknown_task count")
+    help_text = " ".join(zqsync_cli("enqueue", "--help").stdout.split())
+    assert "a worker that has no task of that name drops the job" in help_text
+
+
+def test_call_and_enqueue_have_their_own_timeout_help():
+    call_help = " ".join(zqsync_cli("call", "--help").stdout.split())
+    enqueue_help = " ".join(zqsync_cli("enqueue", "--help").stdout.split())
+    assert "--timeout TIMEOUT seconds to wait for the task's result (default: ZQSYNC_CALL_TIMEOUT, 10)" in call_help
+    assert "--timeout TIMEOUT seconds to wait for the worker to take the job (default: ZQSYNC_SEND_TIMEOUT, 1)" \
+        in enqueue_help
+    assert "--confirm" in enqueue_help and "--confirm" not in call_help
