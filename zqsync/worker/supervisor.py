@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from typing import Any, Callable, Optional
 
 import zmq
@@ -288,7 +289,7 @@ class Supervisor:
         log.info("HUP: replacing %d worker children one at a time", len(old))
         for child in old:
             fresh = self._spawn(child.slot, backend)
-            halt = self._wait(lambda: fresh.booted, self.boot_timeout)
+            halt = self._wait(partial(getattr, fresh, "booted"), self.boot_timeout)
             if halt is not None or not fresh.booted:
                 return halt
             self._retire(child)
