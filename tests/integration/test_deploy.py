@@ -35,7 +35,7 @@ class Sender(threading.Thread):
         try:
             with zqsync.Client(self.endpoint, send_timeout=30.0) as client:
                 for index in range(JOBS):
-                    client.enqueue("record", str(self.target), str(index))
+                    client.enqueue("record", str(self.target), str(index), 0.002)
                     self.accepted = index + 1
         except BaseException as exc:  # reported by the test
             self.error = exc
@@ -50,7 +50,7 @@ def hup_and_wait(supervisor, retired_before: int) -> None:
 
 
 def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_path):
-    supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=50)
+    supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
     target = tmp_path / "ran.txt"
     sender = Sender(supervisor.endpoint, target)
     sender.start()
@@ -64,5 +64,6 @@ def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_pa
                     what=f"all {JOBS} jobs to run")  # fails here, with the count, if jobs were lost
     ran_twice = [line for line, times in seen.items() if times > 1]
     print(f"accepted {sender.accepted}, executed {sum(seen.values())}, distinct {len(seen)}, twice {len(ran_twice)}")
+    print("\n".join(line for line in supervisor.output().splitlines() if "stopped taking jobs" in line))
     assert set(seen) == {str(index) for index in range(JOBS)} and not ran_twice
     assert supervisor.proc.poll() is None
