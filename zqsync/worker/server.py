@@ -10,10 +10,37 @@ backends instead, and rpc requests then carry the proxy's routing id in
 front of the client's.
 
 Shutdown (gunicorn's arbiter model): signal handlers only record the signal;
-the main greenlet acts on it. TERM/INT is warm: stop receiving, let in-flight
-tasks finish within ``graceful_timeout``, exit. A second TERM/INT, QUIT, or
-the end of the grace period is cold: in-flight tasks are killed (confirmed
-ones stay pending in the journal and run after the next start).
+the main greenlet acts on it. TERM/INT is warm, in this order:
+
+1. Take no more jobs. Standalone, the jobs endpoint is unbound: libzmq then
+   closes the listener *and every client connection on it*, so clients
+   that list several workers (``ZMQ_IMMEDIATE``) send to the others.
+   Under a supervisor, the child reads its backend queue until it is quiet
+   (the supervisor has stopped its jobs proxy meanwhile) and disconnects.
+2. Drain: the jobs already in the socket's queue stay readable after the
+   unbind (measured: all of a full 1000-message queue, even seconds later,
+   whatever the linger) and are read into memory.
+3. Run them, and finish in-flight tasks, within ``graceful_timeout``; jobs
+   still not started then are counted (``jobs_discarded_on_stop``) and
+   logged: ``discarded N queued plain jobs on shutdown``. So are pending
+   in-memory retries of plain jobs (the scheduler logs their ids).
+4. Calls: in-flight calls are answered; calls that arrive meanwhile are
+   refused at once with a ``WorkerStopping`` error (not run, safe to retry
+   elsewhere), and confirmed jobs are not acknowledged (their clients send
+   them again). The rpc socket closes once the in-flight calls are answered.
+
+Residual window, honestly: jobs a client had queued to this worker that had
+not reached its process when the connection closed (the client's own
+queue for it and both kernels' socket buffers) are lost, and neither side
+can count them: libzmq drops a disconnected pipe (``ZMQ_IMMEDIATE``) and the
+kernel resets a connection closed with unread data. Under a steady stream to
+a worker that keeps up this is a few jobs at most; behind a worker whose
+queues are full it is what the buffers hold (tens of thousands of small jobs
+on loopback, measured). Confirmed jobs have no such window.
+
+A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
+tasks are killed (confirmed ones stay pending in the journal and run after
+the next start), and queued plain jobs are discarded with a count.
 """
 
 from __future__ import annotations
@@ -53,6 +80,12 @@ MAX_IDENTITIES = 10_000
 ADMISSIONS = 64
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
+#: Seconds without a message after which a stopping worker's jobs queue counts as drained.
+DRAIN_QUIET = 0.2
+#: Most seconds a supervised child spends reading its backend queue before it disconnects.
+DRAIN_LIMIT = 5.0
+#: Counters of what a stop refused or discarded (``zqsync.stats``).
+STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop")
 COLD_SIGNALS = (signal.SIGQUIT,)
 
 
@@ -128,10 +161,15 @@ class Worker:
         self.watchdog = Watchdog()
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
                              watchdog=self.watchdog)
+        self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.connections: dict[str, int] = {}
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(concurrency)
+        self._calls = gevent.pool.Group()
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._stopping = False
+        self._replied_at = 0.0
         self._admissions = gevent.pool.Pool(ADMISSIONS)
         journal = Journal(state_dir, synchronous=journal_sync) if state_dir else None
         self.scheduler = JobScheduler(self.runner, self._slots, journal=journal)
@@ -169,6 +207,7 @@ class Worker:
             self._authenticator = GeventAuthenticator(context, self.allow_client_keys)
             self._authenticator.start()
         self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
+        self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
         self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
 
@@ -276,10 +315,22 @@ class Worker:
             decoded = self._decode(frames)
             if isinstance(decoded, bytes):
                 self._reply(envelope, decoded)
+            elif self._stopping:
+                self._refuse(envelope, decoded[0])
             elif decoded[0].kind == "confirm":
                 self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
             else:
-                self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
+                self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
+
+    def _refuse(self, envelope: list[bytes], request: Any) -> None:
+        """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
+        so that its client sends it again, to a peer or to this worker's next start."""
+        if request.kind == "confirm":
+            self.runner.counters["confirms_ignored_on_stop"] += 1
+            return
+        self.runner.counters["calls_refused_on_stop"] += 1
+        self._reply(envelope, encode_error(request.id, "WorkerStopping",
+                                           "the worker is stopping and did not run this call; retry it"))
 
     def _decode(self, frames: list[bytes]) -> Any:
         if len(frames) != self._envelope + 1:
@@ -301,52 +352,110 @@ class Worker:
         self._reply(envelope, reply)
 
     def _reply(self, envelope: list[bytes], reply: bytes) -> None:
+        self._replied_at = time.monotonic()
         try:
             self.rpc.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
         except zmq.Again:
             log.warning("dropped a reply: client %r is not reading", envelope[-1])
 
     def shutdown(self, *, warm: bool = True) -> None:
-        """Stop receiving, then finish (warm) or kill (cold) in-flight tasks, and close the sockets.
+        """Stop taking jobs, drain the jobs queue, run (warm) or discard (cold) what is queued, finish
+        or kill in-flight tasks, and close the sockets. See the module docstring for the order.
 
         A warm shutdown waits up to ``graceful_timeout`` seconds, and turns
-        cold if another stop signal arrives meanwhile.
+        cold if another stop signal arrives meanwhile. Blocks the calling greenlet.
         """
-        gevent.killall(self._receivers)
+        self._stopping = True
+        gevent.killall(self._receivers[:1])
+        self.scheduler.discard_plain_pending()
         self.scheduler.pause()
-        if warm and len(self._slots):
+        self._stop_taking_jobs()
+        rpc = gevent.spawn(self._retire_rpc)
+        if warm and (len(self._slots) or self._backlog):
             self._finish_in_flight()
+        self._discard_backlog()
         self._admissions.join(timeout=5.0)
         if len(self._slots):
             log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
             self._slots.kill(timeout=1.0)
+        rpc.join(timeout=5.0 + REPLY_DRAIN)
         self.scheduler.stop()
-        # Closing a TCP socket with unread input (a client's heartbeat, say)
-        # makes the kernel send RST, and a client that had not yet read our
-        # last reply loses it with the connection. Give the last replies (results,
-        # or WorkerShutdown errors) a moment to be read first.
-        gevent.sleep(REPLY_DRAIN)
         gevent.killall(self._greenlets)
         self.watchdog.stop()
-        for sock in (self.jobs, self.rpc):
-            if not self.backend:
-                sock.disable_monitor()
-            sock.close(linger=1000)
+        if not self.backend:
+            self.jobs.disable_monitor()
+        self.jobs.close(linger=0)  # unbound or disconnected, and read to the end
         if self._authenticator is not None:
             self._authenticator.stop()
         if self._context is not None:
             self._context.term()
         log.info("zqsync worker pid %d stopped", os.getpid())
 
+    def _stop_taking_jobs(self) -> None:
+        """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
+        job already in its queue."""
+        if self.backend:
+            self._drain_jobs(limit=DRAIN_LIMIT)  # the supervisor's jobs proxy is stopped meanwhile
+            self.jobs.disconnect(self.backend[0])
+            where = "the supervisor"
+        else:
+            self.jobs.unbind(self._jobs_endpoint)
+            where = self._jobs_endpoint
+        self._drain_jobs(limit=DRAIN_LIMIT)
+        log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
+        if self.backend and self.ready_file:
+            with open(f"{self.ready_file}.drained", "w"):
+                pass
+
+    def _drain_jobs(self, *, limit: float) -> None:
+        """Read the jobs socket into the backlog until it stays empty for ``DRAIN_QUIET`` seconds
+        (or ``limit`` seconds have passed)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and self.jobs.poll(int(DRAIN_QUIET * 1000)):
+            while True:
+                try:
+                    self._backlog.append(self.jobs.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+
+    def _discard_backlog(self) -> None:
+        if self._backlog:
+            count = len(self._backlog)
+            self._backlog.clear()
+            self.runner.counters["jobs_discarded_on_stop"] += count
+            log.warning("discarded %d queued plain jobs on shutdown (not started within the %.1f s grace period)",
+                        count, self.graceful_timeout)
+
+    def _retire_rpc(self) -> None:
+        """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
+        self._calls.join()
+        self._admissions.join(timeout=5.0)
+        # Closing a TCP socket with unread input (a client's heartbeat, say)
+        # makes the kernel send RST, and a client that had not yet read our
+        # last reply loses it with the connection. Give the last replies (results,
+        # or WorkerShutdown errors) a moment to be read first.
+        gevent.sleep(max(0.0, self._replied_at + REPLY_DRAIN - time.monotonic()))
+        gevent.killall(self._receivers[1:])
+        if not self.backend:
+            self.rpc.disable_monitor()
+        self.rpc.close(linger=1000)
+        log.info("stopped taking calls")
+
     def _finish_in_flight(self) -> None:
-        log.info("warm shutdown: waiting up to %.1f s for %d task(s)", self.graceful_timeout, len(self._slots))
+        log.info("warm shutdown: waiting up to %.1f s for %d task(s) and %d queued job(s)",
+                 self.graceful_timeout, len(self._slots), len(self._backlog))
         deadline = time.monotonic() + self.graceful_timeout
         signals_before = len(self._signals)
-        while len(self._slots) and len(self._signals) == signals_before:
+        while (len(self._slots) or self._backlog) and len(self._signals) == signals_before:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            self._slots.join(timeout=min(0.1, remaining))
+            if not self._backlog:
+                self._slots.join(timeout=min(0.1, remaining))
+            elif self._slots.free_count():
+                self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
+            else:
+                self._slots.wait_available(timeout=min(0.1, remaining))
 
     # -- introspection -----------------------------------------------------
 

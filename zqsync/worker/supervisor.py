@@ -14,6 +14,16 @@ builds its own sockets and client pools.
 * TERM/INT: warm shutdown; children stop receiving and finish in-flight
   tasks within ``graceful_timeout``. A second TERM/INT, or QUIT: cold; the
   children are told to kill their tasks. Stragglers are SIGKILLed.
+* HUP: a rolling restart behind public sockets that stay bound. For each old
+  child in turn: start its replacement and wait until it is ready; stop the
+  jobs proxy (TERMINATE, and join its thread: nothing is forwarded after
+  that, and jobs wait in the public socket's queue); warm-stop the old child,
+  which reads its backend queue until it is quiet, disconnects and writes
+  ``<ready file>.drained``; then start the jobs proxy again. So every job the
+  proxy handed to the old child reaches it (and runs, or is counted as
+  discarded in its log). The jobs proxy is off for the drain, about 0.2 s
+  per child. Calls are not paused: the old child answers its in-flight calls
+  and refuses (``WorkerStopping``) the few that reach it before it closes.
 * A child that dies after it booted is restarted, with exponential backoff
   for repeated crashes. A child that dies before it finished booting (say,
   an import error) halts the supervisor with a clear message instead of
@@ -30,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from typing import Any, Callable, Optional
 
 import zmq
@@ -48,13 +59,18 @@ STABLE_AFTER = 30.0
 MAX_BACKOFF = 30.0
 
 
+#: Most seconds a rolling restart waits for an old child to drain its backend queue.
+DRAIN_TIMEOUT = 10.0
+
+
 class _Child:
-    __slots__ = ("slot", "pid", "started", "ready_file", "booted")
+    __slots__ = ("slot", "pid", "started", "ready_file", "booted", "retiring")
 
     def __init__(self, slot: int, pid: int, ready_file: str) -> None:
         self.slot, self.pid, self.ready_file = slot, pid, ready_file
         self.started = time.monotonic()
         self.booted = False
+        self.retiring = False
 
 
 class Supervisor:
@@ -109,8 +125,10 @@ class Supervisor:
         self._restart_at: dict[int, float] = {}
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
-        self._controls: list[zmq.Socket] = []
-        self._threads: list[threading.Thread] = []
+        self._sockets: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
+        self._proxies: dict[str, tuple[zmq.Socket, threading.Thread]] = {}
+        self._reloads = 0
+        self._spawned = 0
 
     # -- proxies -----------------------------------------------------------
 
@@ -124,26 +142,40 @@ class Supervisor:
         jobs_back, rpc_back = context.socket(zmq.PUSH), context.socket(zmq.DEALER)
         jobs_back.bind(backend[0])
         rpc_back.bind(backend[1])
-        for name, front, back in (("jobs", jobs_front, jobs_back), ("rpc", rpc_front, rpc_back)):
-            for sock in (front, back):
+        self._sockets = {"jobs": (jobs_front, jobs_back), "rpc": (rpc_front, rpc_back)}
+        for name, pair in self._sockets.items():
+            for sock in pair:
                 sock.setsockopt(zmq.LINGER, 1000)
-            control = context.socket(zmq.PAIR)
-            control.bind(f"inproc://control-{name}")
-            peer = context.socket(zmq.PAIR)
-            peer.connect(f"inproc://control-{name}")
-            self._controls.append(control)
-            thread = threading.Thread(target=_run_proxy, args=(front, back, peer), name=f"zqsync-proxy-{name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            self._start_proxy(name)
         return backend
 
+    def _start_proxy(self, name: str) -> None:
+        """Run pyzmq's proxy between the ``name`` pair of sockets in a thread of its own."""
+        assert self._context is not None
+        control = self._context.socket(zmq.PAIR)
+        control.bind(f"inproc://control-{name}-{self._spawned}")
+        peer = self._context.socket(zmq.PAIR)
+        peer.connect(f"inproc://control-{name}-{self._spawned}")
+        self._spawned += 1
+        front, back = self._sockets[name]
+        thread = threading.Thread(target=_run_proxy, args=(front, back, peer), name=f"zqsync-proxy-{name}", daemon=True)
+        thread.start()
+        self._proxies[name] = (control, thread)
+
+    def _halt_proxy(self, name: str) -> None:
+        """Stop the ``name`` proxy and join its thread; its sockets stay open and bound.
+
+        The proxy forwards whole messages, so none is cut; after the join this
+        thread may use the sockets.
+        """
+        control, thread = self._proxies.pop(name)
+        control.send(b"TERMINATE")
+        thread.join(5.0)
+        control.close(linger=0)
+
     def _stop_proxies(self) -> None:
-        for control in self._controls:
-            control.send(b"TERMINATE")
-        for thread in self._threads:
-            thread.join(5.0)
-        for control in self._controls:
-            control.close(linger=0)
+        for name in list(self._proxies):
+            self._halt_proxy(name)
         if self._authenticator is not None:
             self._authenticator.stop()
         if self._context is not None:
@@ -151,10 +183,9 @@ class Supervisor:
 
     # -- children ------------------------------------------------------------
 
-    def _spawn(self, slot: int, backend: tuple[str, str]) -> None:
-        ready_file = os.path.join(self._dir, f"ready-{slot}")
-        if os.path.exists(ready_file):
-            os.unlink(ready_file)
+    def _spawn(self, slot: int, backend: tuple[str, str]) -> _Child:
+        self._spawned += 1
+        ready_file = os.path.join(self._dir, f"ready-{slot}-{self._spawned}")
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -173,8 +204,9 @@ class Supervisor:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(status)
-        self.children[pid] = _Child(slot, pid, ready_file)
+        child = self.children[pid] = _Child(slot, pid, ready_file)
         log.info("started worker child %d (pid %d)", slot, pid)
+        return child
 
     def _reap(self) -> Optional[int]:
         """Collect exited children; restart or halt. Returns an exit status to halt with, or ``None``."""
@@ -191,6 +223,9 @@ class Supervisor:
             if self.on_child_exit is not None:
                 self.on_child_exit(pid)
             code = os.waitstatus_to_exitcode(status)
+            if child.retiring:
+                log.info("worker child %d (pid %d) retired with status %s", child.slot, pid, code)
+                continue
             if not child.booted and not os.path.exists(child.ready_file):
                 log.error("worker child %d (pid %d) exited with status %s before it finished booting; "
                           "halting instead of restarting it: fix the error above", child.slot, pid, code)
@@ -227,6 +262,7 @@ class Supervisor:
         """
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             signal.signal(signum, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_hup)
         try:
             backend = self._start_proxies()
             for slot in range(self.processes):
@@ -243,9 +279,59 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals.append(signum)  # only record; the main loop acts
 
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        self._reloads += 1
+
+    def _reload(self, backend: tuple[str, str]) -> Optional[int]:
+        """Replace every child, one at a time (see the module docstring). Returns an exit status
+        to halt with, or ``None``. Gives up early when a stop signal arrives."""
+        old = [child for child in self.children.values() if not child.retiring]
+        log.info("HUP: replacing %d worker children one at a time", len(old))
+        for child in old:
+            fresh = self._spawn(child.slot, backend)
+            halt = self._wait(partial(getattr, fresh, "booted"), self.boot_timeout)
+            if halt is not None or not fresh.booted:
+                return halt
+            self._retire(child)
+        return None
+
+    def _retire(self, child: _Child) -> None:
+        """Warm-stop ``child`` with the jobs proxy off until it has drained its backend queue."""
+        child.retiring = True
+        self._halt_proxy("jobs")
+        try:
+            os.kill(child.pid, signal.SIGTERM)
+            drained = f"{child.ready_file}.drained"
+            self._wait(lambda: os.path.exists(drained) or child.pid not in self.children, DRAIN_TIMEOUT)
+            if not os.path.exists(drained):
+                log.warning("worker child %d (pid %d) did not report its queue drained within %.0f s",
+                            child.slot, child.pid, DRAIN_TIMEOUT)
+        except ProcessLookupError:
+            pass
+        finally:
+            self._start_proxy("jobs")
+
+    def _wait(self, done: Callable[[], bool], timeout: float) -> Optional[int]:
+        """Supervise (reap, check boots) until ``done()``, a stop signal, or ``timeout`` seconds.
+
+        Returns an exit status to halt with, or ``None``.
+        """
+        deadline = time.monotonic() + timeout
+        while not done() and not self._signals and time.monotonic() < deadline:
+            halt = self._reap() or self._check_boot()
+            if halt is not None:
+                return halt
+            time.sleep(0.02)
+        return None
+
     def _loop(self, backend: tuple[str, str]) -> int:
         announced = False
         while not self._signals:
+            if self._reloads:
+                self._reloads = 0
+                halt = self._reload(backend)
+                if halt is not None:
+                    return halt
             halt = self._reap() or self._check_boot()
             if halt is not None:
                 return halt
@@ -255,7 +341,7 @@ class Supervisor:
                     del self._restart_at[slot]
                     self.restarts += 1
                     self._spawn(slot, backend)
-            if not announced and len(self.children) == self.processes and all(c.booted for c in self.children.values()):
+            if not announced and len(self.children) >= self.processes and all(c.booted for c in self.children.values()):
                 announced = True
                 self._write_ready_file()
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -313,10 +399,10 @@ class Supervisor:
 
 
 def _run_proxy(front: zmq.Socket, back: zmq.Socket, control: zmq.Socket) -> None:
+    """Forward between ``front`` and ``back`` until TERMINATE on ``control``; the two sockets stay open."""
     try:
         zmq.proxy_steerable(front, back, None, control)
     except zmq.ContextTerminated:
         pass
     finally:
-        for sock in (front, back, control):
-            sock.close(linger=1000)
+        control.close(linger=0)

@@ -1,0 +1,141 @@
+"""A stopping worker, with real processes: it takes no work meant for its peers, and every plain
+job that reached it either runs or is counted and logged as discarded."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+import zqsync
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def logged_discards(output: str) -> int:
+    """Jobs the worker's log counts as not run: discarded from its queue, or killed when the grace ended."""
+    patterns = (r"discarded (\d+) queued plain jobs on shutdown", r"killing (\d+) task\(s\) still running")
+    return sum(int(n) for pattern in patterns for n in re.findall(pattern, output))
+
+
+def settled(target, expected: int, timeout: float = 15.0) -> list[str]:
+    """The lines of ``target`` once there are ``expected`` of them, or once they stop growing for 2 s."""
+    deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        found = lines(target)
+        if len(found) >= expected:
+            return found
+        if len(found) != last:
+            last, since = len(found), time.monotonic()
+        elif time.monotonic() - since > 2.0:
+            break
+        time.sleep(0.05)
+    return lines(target)
+
+
+def test_term_runs_or_counts_every_queued_plain_job(zq_worker, tmp_path):
+    """300 jobs of 20 ms queued at a worker with one slot and a 1 s grace: some run, the rest are
+    counted and logged; none vanish."""
+    worker = zq_worker(concurrency=1, extra_args=["--graceful-timeout", "1"])
+    target = tmp_path / "ran.txt"
+    with zqsync.Client(worker.endpoint) as client:
+        for index in range(300):
+            client.enqueue("record", str(target), str(index), 0.02)
+        wait_for(lambda: len(lines(target)) >= 2, what="the first jobs to run")
+        time.sleep(0.3)  # 30 kB on loopback: all of it is in the worker's process by now
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(30) == 0
+    ran = lines(target)
+    discarded = logged_discards(worker.output())
+    print(f"accepted 300, executed {len(ran)}, discarded (logged) {discarded}, lost {300 - len(ran) - discarded}")
+    assert len(set(ran)) == len(ran)
+    assert 0 < len(ran) < 300
+    assert len(ran) + discarded == 300
+
+
+def test_a_pending_plain_retry_dropped_on_stop_is_logged(zq_worker, tmp_path):
+    worker = zq_worker("tests.integration.journal_tasks:registry")
+    target = tmp_path / "never.txt"
+    with zqsync.Client(worker.endpoint) as client:
+        job_id = client.enqueue("fail_first", str(target), "k")
+    wait_for(lambda: "retrying in" in worker.output(), what="the first attempt to fail")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(30) == 0
+    output = worker.output()
+    assert re.search(rf"dropped 1 pending plain job retry on shutdown.*{job_id}", output), output
+    assert not target.exists()
+
+
+def test_a_stopping_worker_takes_no_jobs_or_calls_meant_for_its_peer(zq_worker, tmp_path):
+    """w1 is in warm shutdown (one job still running): a client of both sends every job and call to w2."""
+    w1, w2 = zq_worker(extra_args=["--graceful-timeout", "20"]), zq_worker()
+    with zqsync.Client(w1.endpoint) as only_w1:
+        only_w1.enqueue("sleep", 4.0)
+        wait_for(lambda: w1.stats()["in_flight"] == 1, what="w1 to be busy")
+    w1.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "warm shutdown" in w1.output(), what="w1's warm shutdown")
+    target = tmp_path / "ran.txt"
+    with zqsync.Client([w1.endpoint, w2.endpoint], call_timeout=5.0) as both:
+        for index in range(100):
+            both.enqueue("record", str(target), str(index))
+        ran = settled(target, 100)
+        print(f"accepted 100, executed {len(ran)}, lost {100 - len(ran)}")
+        assert sorted(ran, key=int) == [str(index) for index in range(100)]
+        wait_for(lambda: "stopped taking calls" in w1.output(), what="w1 to close its rpc socket")
+        pids = {both.call("zqsync.stats")["pid"] for _ in range(10)}
+    assert pids == {w2.pid}
+    assert w1.proc.wait(30) == 0
+
+
+class Sender(threading.Thread):
+    """Enqueues ``record`` jobs to both workers until told to stop; ``accepted`` counts them."""
+
+    def __init__(self, endpoints, target) -> None:
+        super().__init__(daemon=True)
+        self.endpoints, self.target = endpoints, target
+        self.accepted = 0
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with zqsync.Client(self.endpoints, send_timeout=10.0) as client:
+                while not self.done.is_set():
+                    client.enqueue("record", str(self.target), str(self.accepted))
+                    self.accepted += 1
+                    if self.accepted % 200 == 0:
+                        time.sleep(0.01)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+
+def test_a_worker_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path):
+    """Jobs stream to two workers; one gets TERM. The other takes all later work, and every
+    accepted job ran, or the stopped worker's log counts it as discarded."""
+    w1, w2 = zq_worker(concurrency=10), zq_worker(concurrency=10)
+    target = tmp_path / "ran.txt"
+    sender = Sender([w1.endpoint, w2.endpoint], target)
+    sender.start()
+    wait_for(lambda: len(lines(target)) >= 2000, what="the load to be under way")
+    w1.proc.send_signal(signal.SIGTERM)
+    assert w1.proc.wait(30) == 0
+    assert "stopped taking jobs" in w1.output()
+    after_stop = w2.stats()["jobs_received"]
+    wait_for(lambda: w2.stats()["jobs_received"] >= after_stop + 2000, what="w2 to take the later jobs")
+    sender.done.set()
+    sender.join(30)
+    assert sender.error is None
+    ran = settled(target, sender.accepted - logged_discards(w1.output()))
+    discarded = logged_discards(w1.output())
+    lost = sender.accepted - len(set(ran)) - discarded
+    print(f"accepted {sender.accepted}, executed {len(ran)}, discarded (logged) {discarded}, lost {lost}")
+    assert len(set(ran)) == len(ran)
+    assert lost == 0
