@@ -21,7 +21,10 @@ from . import protocol, transport
 from .auth import Curve
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
-from .errors import CallTimeout, ConfigurationError, PoolError, RemoteError, Unconfirmed, UnknownTask, ZqsyncError
+from .errors import (
+    CallTimeout, ConfigurationError, DuplicateJob, JournalUnavailable, PoolError, RemoteError, Unconfirmed, UnknownTask,
+    ZqsyncError,
+)
 from .pool import SocketPool
 from .settings import ClientSettings, default_endpoint
 
@@ -185,7 +188,9 @@ class Client:
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
         :raises RemoteError: ``confirm=True`` and the worker refused the job
-            (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``).
+            (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``);
+            :class:`JournalUnavailable` when its journal cannot be written (the cause is in the message);
+            :class:`DuplicateJob` when ``job_id`` is already journaled as dead-lettered.
         """
         self._check_open()
         job_id = job_id or os.urandom(16).hex()
@@ -331,8 +336,11 @@ class Client:
 
 def _remote_error(reply: protocol.Reply) -> RemoteError:
     error = reply.error or {}
-    error_class = UnknownTask if error.get("type") == "UnknownTask" else RemoteError
-    return error_class(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""))
+    kind, message, trace = error.get("type", "?"), error.get("message", ""), error.get("traceback", "")
+    if kind in ("JournalUnavailable", "DuplicateJob"):
+        job_error = JournalUnavailable if kind == "JournalUnavailable" else DuplicateJob
+        return job_error(kind, message, trace, job_id=reply.id)
+    return (UnknownTask if kind == "UnknownTask" else RemoteError)(kind, message, trace)
 
 
 def _task_name(task: str) -> str:

@@ -105,3 +105,30 @@ class RemoteError(ZqsyncError):
 
 class UnknownTask(RemoteError):
     """The worker has no task registered under the requested name."""
+
+
+class JournalUnavailable(RemoteError):
+    """The worker could not journal a confirmed job (disk full, journal file deleted or replaced,
+    lock timeout, ...), so it did not acknowledge it. ``remote_message`` names the cause.
+
+    The job was not accepted by that worker: retry later, or elsewhere, with the same ``job_id``.
+
+    :ivar job_id: the job's id.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "", *, job_id: str = "") -> None:
+        super().__init__(remote_type, remote_message, remote_traceback)
+        self.job_id = job_id
+
+
+class DuplicateJob(RemoteError):
+    """A confirmed job's id is already journaled as a dead-lettered job: it was not run again.
+
+    Requeue it (``zqsync jobs requeue ID``) or enqueue it under a new id.
+
+    :ivar job_id: the job's id.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "", *, job_id: str = "") -> None:
+        super().__init__(remote_type, remote_message, remote_traceback)
+        self.job_id = job_id

@@ -40,10 +40,9 @@ from ..client import all_clients
 from ..errors import ConfigurationError
 from ..protocol import MAX_MESSAGE_SIZE, encode_error
 from .binding import bind_pair
-from .journal import Journal
 from .registry import Registry
 from .runner import Runner
-from .scheduler import JobScheduler
+from .scheduler import build_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +85,8 @@ class Worker:
     :param curve_secret_key: the worker's ``.key_secret`` file: both sockets
         then accept only CURVE clients whose public key is in ``allow_client_keys``.
     :param allow_client_keys: directory of allowed client public keys (``*.key``).
+    :param journal_options: more :func:`~zqsync.worker.scheduler.build_scheduler` options
+        (``busy_timeout``, ``keep_done``, ``keep_dead`` seconds, ...).
 
     Must run in a process with a gevent hub; ``zqsync worker`` monkey-patches
     first, as gunicorn's gevent worker does.
@@ -107,6 +108,7 @@ class Worker:
         backend: Optional[tuple[str, str]] = None,
         curve_secret_key: Optional[str] = None,
         allow_client_keys: Optional[str] = None,
+        journal_options: Optional[dict[str, Any]] = None,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", setting="concurrency")
@@ -131,8 +133,8 @@ class Worker:
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(concurrency)
         self._admissions = gevent.pool.Pool(ADMISSIONS)
-        journal = Journal(state_dir, synchronous=journal_sync) if state_dir else None
-        self.scheduler = JobScheduler(self.runner, self._slots, journal=journal)
+        self.scheduler = build_scheduler(self.runner, self._slots, state_dir, synchronous=journal_sync,
+                                         **(journal_options or {}))
         self._signals: list[int] = []
         self._wakeup = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
