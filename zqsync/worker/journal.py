@@ -177,13 +177,23 @@ class Journal:
             try:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(f"PRAGMA synchronous={synchronous}")
-                self._db.executescript(SCHEMA)
-                self._transaction(self._migrate)
+                if self._outdated():
+                    self._db.executescript(SCHEMA)
+                    self._transaction(self._migrate)
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def _outdated(self) -> bool:
+        """Whether the schema needs writing (only reads: a worker boots while another process holds
+        the write lock, and its loops wait for the lock instead)."""
+        with self._lock:
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+            indexes = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        wanted = {line.split()[5] for line in INDEXES.strip().splitlines()}
+        return not (set(COLUMNS) <= present and wanted <= indexes)
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:

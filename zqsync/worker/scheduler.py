@@ -355,7 +355,7 @@ class JobScheduler:
         while True:
             try:
                 self._claim_and_replay()
-                if time.monotonic() - last_prune > 60:
+                if time.monotonic() - last_prune > max(self.replay_interval, min(60.0, self.keep_done, self.keep_dead)):
                     self._prune()
                     last_prune = time.monotonic()
             except Exception as exc:
