@@ -26,6 +26,7 @@ from .errors import (
     ZqsyncError,
 )
 from .pool import SocketPool
+from .rendezvous import FAILOVER_ATTEMPTS, Route
 from .settings import ClientSettings, default_endpoint
 
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
@@ -119,6 +120,7 @@ class Client:
         self._jobs_address = self.endpoints if len(pairs) > 1 else self.endpoints[0]
         rpc = tuple(rpc for _, rpc in pairs)
         self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
+        self._rpc_endpoints = rpc
         self.settings = ClientSettings.from_env(
             pool_size=pool_size,
             call_timeout=call_timeout,
@@ -179,7 +181,10 @@ class Client:
             once, even if worker processes are killed. An attempt that gets
             no acknowledgement within ``confirm_retry`` seconds is retried
             with the same job id (workers drop duplicates) until
-            ``confirm_timeout``. Congestion control does not apply.
+            ``confirm_timeout``. With several workers, every attempt goes to
+            the job id's preferred worker (rendezvous hashing), and to the
+            next one only after ``5 * confirm_retry`` seconds without an answer
+            (``zqsync/rendezvous.py``). Congestion control does not apply.
         :param congestion: overrides the client's congestion control for this job.
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
@@ -212,17 +217,20 @@ class Client:
         return job_id
 
     def _confirm(self, frame: bytes, job_id: str, task: str, total: float) -> None:
+        """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
+        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry)
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
             if attempt <= 0:
                 raise Unconfirmed(job_id, total, reason)
             try:
-                reply = self._request(frame, job_id, task, attempt)
+                reply = self._request(frame, job_id, task, attempt, address=route.endpoint)
             except (CallTimeout, PoolError) as exc:
-                reason = str(exc)
+                reason = f"{route.endpoint}: {exc}"
                 self._counts["confirm_retries"] += 1
+                route.unanswered()
                 continue
             if not reply.ok:
                 raise _remote_error(reply)
@@ -274,10 +282,14 @@ class Client:
         self._counts["call_errors"] += 1
         raise _remote_error(reply)
 
-    def _request(self, frame: bytes, request_id: str, task: str, timeout: float) -> protocol.Reply:
-        """One request/reply on a pooled DEALER socket, within ``timeout`` seconds in all."""
+    def _request(
+        self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
+    ) -> protocol.Reply:
+        """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
+        ``timeout`` seconds in all."""
         deadline = time.monotonic() + timeout
-        with self._dealer.lease(self._rpc_address, timeout=min(timeout, self.settings.lease_timeout)) as sock:
+        target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
+        with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
             return self._round_trip(sock, frame, request_id, task, timeout, deadline)
 
     def _round_trip(

@@ -51,3 +51,13 @@ def fails_until(path, line, marker):
 @other.task
 def unrelated():
     """Only here so that ``other`` is not empty."""
+
+
+@registry.task
+def hog(seconds, marker):
+    """Creates ``marker``, then busy-loops without yielding for ``seconds``: the worker's hub answers
+    nothing meanwhile (a slow worker)."""
+    open(marker, "w").close()
+    end = time.monotonic() + float(seconds)
+    while time.monotonic() < end:
+        pass

@@ -282,3 +282,61 @@ def _done(state: Path) -> int:
         return db.execute("SELECT COUNT(*) FROM jobs WHERE state = 'done'").fetchone()[0]
     finally:
         db.close()
+
+
+# -- 5. several workers: one preferred worker per job id --------------------------------------------
+
+
+def _confirm_all(endpoints: list[str], out: Path, ids: list[str]) -> tuple:
+    """Confirms ``ids`` from one thread each, over one shared client; returns (errors, threads, client)."""
+    errors: list[BaseException] = []
+    client = zqsync.Client(endpoints, confirm_retry=0.3, confirm_timeout=30)  # one per process, shared
+
+    def send(job_id: str) -> None:
+        try:
+            client.enqueue_with_options("record", args=(str(out), job_id), confirm=True, job_id=job_id)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(job_id,), daemon=True) for job_id in ids]
+    for thread in threads:
+        thread.start()
+    return errors, threads, client
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("slow_for", [1.0, 3.0])
+def test_a_retried_confirm_goes_to_the_same_worker_and_fails_over_only_past_the_bound(zq_worker, tmp_path, slow_for):
+    """Worker 1's hub is blocked (a task busy-looping) while 12 confirms are in flight; its I/O thread
+    still takes them in. Slow for 1.0 s (3 attempts of 0.3 s, under the 1.5 s failover bound): every
+    attempt goes to the job's preferred worker, and every job runs once. Slow for 3.0 s: the jobs
+    that prefer worker 1 fail over to worker 2, and may run twice: the documented case."""
+    from zqsync.rendezvous import rank
+
+    out = tmp_path / "out.txt"
+    workers = [zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / f"state{n}")]) for n in (1, 2)]
+    endpoints = [worker.endpoint for worker in workers]
+    rpc = [zqsync.client.split_endpoint(endpoint)[1] for endpoint in endpoints]
+    ids = [f"job-{index}" for index in range(12)]
+    prefer_slow = {job_id for job_id in ids if rank(job_id, rpc)[0] == rpc[0]}
+    assert 0 < len(prefer_slow) < len(ids)
+    with zqsync.Client(endpoints[0], call_timeout=30) as hog_client:
+        marker = tmp_path / "hogging"
+        hogging = threading.Thread(target=hog_client.call, args=("hog", slow_for, str(marker)), daemon=True)
+        hogging.start()
+        wait_for(marker.exists, what="worker 1 to be busy")
+        errors, threads, client = _confirm_all(endpoints, out, ids)
+        hogging.join(30)
+    for thread in threads:
+        thread.join(60)
+    client.close()
+    assert errors == []
+    wait_for(lambda: len(count_lines(out)) == len(ids), what="every job to run")
+    time.sleep(1.0)  # a duplicate, if any, runs now
+    seen = count_lines(out)
+    report(f"two workers, preferred one slow {slow_for} s", ids, seen)
+    twice = {job_id for job_id in ids if seen[job_id] > 1}
+    if slow_for < 1.5:
+        assert twice == set()
+    else:
+        assert twice <= prefer_slow
