@@ -22,7 +22,14 @@ from .auth import Curve
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .errors import (
-    CallTimeout, ConfigurationError, DuplicateJob, JournalUnavailable, PoolError, RemoteError, Unconfirmed, UnknownTask,
+    CallTimeout,
+    ConfigurationError,
+    DuplicateJob,
+    JournalUnavailable,
+    PoolError,
+    RemoteError,
+    Unconfirmed,
+    UnknownTask,
     ZqsyncError,
 )
 from .pool import SocketPool

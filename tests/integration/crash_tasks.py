@@ -61,3 +61,8 @@ def hog(seconds, marker):
     end = time.monotonic() + float(seconds)
     while time.monotonic() < end:
         pass
+
+
+@registry.task
+def noop(index):
+    """Does nothing (replay benchmarks)."""

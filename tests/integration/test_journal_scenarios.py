@@ -155,11 +155,15 @@ def test_a_job_that_kills_its_process_is_dead_lettered_after_its_attempts_and_he
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
+    def poison_state() -> str:
+        return (job_row(state, "poison-1") or ("?",))[0]
+
     restarts = 0
-    while (job_row(state, "poison-1") or ("?",))[0] != "dead" and restarts < 6:
-        wait_for(lambda: worker.proc.poll() is not None or (job_row(state, "poison-1") or ("?",))[0] == "dead",
-                 timeout=30, what="the worker to die or the poison job to be dead-lettered")
-        if worker.proc.poll() is not None:  # restarted, as a service manager would
+    while poison_state() != "dead" and restarts < 6:
+        proc = worker.proc
+        wait_for(lambda proc=proc: proc.poll() is not None or poison_state() == "dead", timeout=30,
+                 what="the worker to die or the poison job to be dead-lettered")
+        if proc.poll() is not None:  # restarted, as a service manager would
             worker = zq_worker(TASKS, bind=worker.endpoint, **args)
             restarts += 1
     sender.join(60)
