@@ -61,6 +61,20 @@ TIMEOUT_HELP = {
     "--confirm for its acknowledgement (default: ZQSYNC_CONFIRM_TIMEOUT, 10)",
 }
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _age(text: str) -> float:
+    """Seconds, or a number with a unit: ``90``, ``30m``, ``12h``, ``7d``."""
+    unit = _UNITS.get(text[-1:].lower())
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or a number with s/m/h/d, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
@@ -105,6 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
                         help="SQLite synchronous level: 'normal' survives any process kill, 'full' also power "
                         "loss at an fsync per commit (default: normal)")
+    worker.add_argument("--keep-done", type=_age, default=3600.0, metavar="SECONDS",
+                        help="how long finished confirmed jobs stay in the journal, which recognises a resent "
+                        "job id as a duplicate only while its row is kept (default: 3600; 7d, 12h, 30m also work)")
+    worker.add_argument("--keep-dead", type=_age, default=7 * 86400.0, metavar="SECONDS",
+                        help="how long dead-lettered jobs stay in the journal (default: 604800, 7 days)")
+    worker.add_argument("--journal-busy-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+                        help="how long a journal write waits for another process's lock before it fails, "
+                        "is logged and retried (default: 30)")
     worker.add_argument("--curve-secret-key", metavar="FILE",
                         help="this worker's secret key (NAME.key_secret from 'zqsync keygen'): accept only CURVE "
                         "clients listed in --allow-client-keys; traffic is encrypted")
@@ -120,15 +142,23 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(handler=cmd_worker)
 
     jobs = commands.add_parser(
-        "jobs", parents=[common], help="list pending and dead confirmed jobs in a worker's journal",
-        description="List the confirmed jobs a worker's journal holds: pending (to run) and dead (retries "
-        "exhausted: the dead-letter table).",
+        "jobs", parents=[common], help="list, requeue or purge the confirmed jobs in a worker's journal",
+        description="list (default): show the confirmed jobs a worker's journal holds, with their arguments: "
+        "pending (to run), dead (attempts exhausted: the dead-letter table), done. requeue ID... | --all-dead: "
+        "make jobs pending again with their attempts reset; a live worker that has the task runs them (within "
+        "a second), or the next one to start. purge --state dead --older-than 7d: delete old done/dead rows. "
+        "Safe while the worker runs.",
     )
+    jobs.add_argument("action", nargs="?", choices=["list", "requeue", "purge"], default="list")
+    jobs.add_argument("ids", nargs="*", metavar="ID", help="job ids to requeue")
     jobs.add_argument("--state-dir", required=True, metavar="DIR", help="the worker's --state-dir")
     jobs.add_argument("--state", action="append", choices=["pending", "dead", "done"],
-                      help="states to list; repeat for several (default: pending and dead)")
+                      help="states to list or purge; repeat for several (default: list pending and dead)")
+    jobs.add_argument("--id", action="append", dest="job_ids", metavar="ID", help="list only this job (any state)")
     jobs.add_argument("--limit", type=_positive_int, default=100, help="most jobs to list (default: 100)")
     jobs.add_argument("--json", action="store_true", help="print one JSON object per job instead of a table")
+    jobs.add_argument("--all-dead", action="store_true", help="requeue every dead job")
+    jobs.add_argument("--older-than", type=_age, metavar="AGE", help="purge: rows last updated before AGE ago (7d)")
     jobs.set_defaults(handler=cmd_jobs)
 
     for name, verb, description in CLIENT_COMMANDS:
@@ -238,6 +268,8 @@ def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "concurrency": args.concurrency, "graceful_timeout": args.graceful_timeout, "hwm": args.hwm,
         "state_dir": args.state_dir, "journal_sync": args.journal_sync.upper(),
+        "journal_options": {"keep_done": args.keep_done, "keep_dead": args.keep_dead,
+                            "busy_timeout": args.journal_busy_timeout},
     }
 
 
@@ -309,18 +341,53 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         raise SystemExit(f"zqsync jobs: no journal in {args.state_dir!r} (is it the worker's --state-dir?)")
     journal = Journal(args.state_dir)
     try:
-        rows = journal.rows(args.state or ("pending", "dead"), limit=args.limit)
+        if args.action == "requeue":
+            return _requeue(journal, args)
+        if args.action == "purge":
+            return _purge(journal, args)
+        rows = journal.rows(args.state or ("pending", "dead"), ids=args.job_ids or (), limit=args.limit)
         counts = journal.counts()
     finally:
         journal.close()
     if args.json:
         for row in rows:
-            print(json.dumps({**row._asdict(), "body": None}))
+            print(json.dumps(_job_json(row), default=repr))
         return 0
-    print(f"{'id':32}  {'task':20}  {'state':7}  {'tries':>5}  error")
+    print(f"{'id':32}  {'task':20}  {'state':7}  {'tries':>5}  {'error':30}  body")
     for row in rows:
-        print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {row.error or ''}")
+        body = _job_json(row)
+        call = json.dumps({"args": body["args"], "kwargs": body["kwargs"]}, default=repr)
+        print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
     print("totals: " + ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) if counts else "totals: none")
+    return 0
+
+
+def _job_json(row: Any) -> dict[str, Any]:
+    from .errors import ProtocolError
+    from .wire.envelope import decode_request
+
+    fields = {key: value for key, value in row._asdict().items() if key != "body"}
+    try:
+        request = decode_request(row.body)
+    except ProtocolError as exc:
+        return {**fields, "args": None, "kwargs": None, "body_error": str(exc)}
+    return {**fields, "args": list(request.args), "kwargs": request.kwargs}
+
+
+def _requeue(journal: Any, args: argparse.Namespace) -> int:
+    if bool(args.ids) == args.all_dead:
+        raise SystemExit("zqsync jobs requeue: give job ids or --all-dead (not both)")
+    changed = journal.requeue(args.ids, all_dead=args.all_dead)
+    print(f"requeued {changed} job(s)")
+    return 0 if args.all_dead or changed == len(set(args.ids)) else 1
+
+
+def _purge(journal: Any, args: argparse.Namespace) -> int:
+    states = args.state or []
+    if not states or "pending" in states or args.older_than is None:
+        raise SystemExit("zqsync jobs purge: needs --state dead and/or --state done, and --older-than AGE "
+                         "(pending jobs are never purged)")
+    print(f"purged {journal.purge(states, args.older_than)} job(s)")
     return 0
 
 

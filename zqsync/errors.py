@@ -164,17 +164,48 @@ class RequestRejected(RemoteError):
     """The worker could not decode the request, or it arrived on the wrong socket."""
 
 
+class JournalUnavailable(RemoteError):
+    """The worker could not journal a confirmed job (disk full, journal file deleted or replaced,
+    lock timeout, ...), so it did not acknowledge it. ``remote_message`` names the cause.
+
+    The job was not accepted by that worker: retry later, or elsewhere, with the same ``job_id``.
+
+    :ivar job_id: the job's id.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "", *, job_id: str = "") -> None:
+        super().__init__(remote_type, remote_message, remote_traceback)
+        self.job_id = job_id
+
+
+class DuplicateJob(RemoteError):
+    """A confirmed job's id is already journaled as a dead-lettered job: it was not run again.
+
+    Requeue it (``zqsync jobs requeue ID``) or enqueue it under a new id.
+
+    :ivar job_id: the job's id.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "", *, job_id: str = "") -> None:
+        super().__init__(remote_type, remote_message, remote_traceback)
+        self.job_id = job_id
+
+
 #: Worker error type name -> the class the client raises. Names not listed
 #: (a task's own exception, such as ``ValueError``) raise :class:`RemoteError`.
 REMOTE_ERRORS: dict[str, type[RemoteError]] = {
-    cls.__name__: cls for cls in (UnknownTask, NoJournal, TimeLimitExceeded, WorkerShutdown)
+    cls.__name__: cls
+    for cls in (UnknownTask, NoJournal, TimeLimitExceeded, WorkerShutdown, JournalUnavailable, DuplicateJob)
 }
 REMOTE_ERRORS["ProtocolError"] = RequestRejected
 
 
-def remote_error(type_name: str, message: str, traceback: str = "") -> RemoteError:
-    """The client-side exception for an error reply naming ``type_name``."""
-    return REMOTE_ERRORS.get(type_name, RemoteError)(type_name, message, traceback)
+def remote_error(type_name: str, message: str, traceback: str = "", *, request_id: str = "") -> RemoteError:
+    """The client-side exception for an error reply naming ``type_name`` to request (or job) ``request_id``."""
+    cls = REMOTE_ERRORS.get(type_name, RemoteError)
+    if cls in (JournalUnavailable, DuplicateJob):
+        return cls(type_name, message, traceback, job_id=request_id)
+    return cls(type_name, message, traceback)
 
 
 #: Why a worker endpoint takes nothing; named by :class:`CallTimeout` and :class:`Congested`.

@@ -27,7 +27,7 @@ import subprocess
 import time
 from typing import Any, Optional, Sequence
 
-from zqsync.worker.scheduler import pid_alive
+from zqsync._common import pid_alive
 
 #: Names of namespaces made by this module: zq-<pid>-<token>-<label>.
 _NAME = re.compile(r"^zq-(?P<pid>\d+)-[0-9a-f]{6}-[a-z0-9]+$")

@@ -27,6 +27,8 @@ SAMPLES = [
     errors.TimeLimitExceeded("TimeLimitExceeded", "over 0.5 s", ""),
     errors.WorkerShutdown("WorkerShutdown", "stopped", ""),
     errors.RequestRejected("ProtocolError", "malformed request", ""),
+    errors.JournalUnavailable("JournalUnavailable", "disk full", "", job_id="ab" * 16),
+    errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
 ]
 
 
@@ -60,8 +62,10 @@ def test_call_timeout_keeps_task_and_timeout_across_pickle():
     ("UnknownTask", errors.UnknownTask), ("NoJournal", errors.NoJournal),
     ("TimeLimitExceeded", errors.TimeLimitExceeded), ("WorkerShutdown", errors.WorkerShutdown),
     ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
+    ("JournalUnavailable", errors.JournalUnavailable), ("DuplicateJob", errors.DuplicateJob),
 ])
 def test_a_worker_error_name_maps_to_its_client_class(name, cls):
-    error = errors.remote_error(name, "message", "tb")
+    error = errors.remote_error(name, "message", "tb", request_id="job-1")
     assert type(error) is cls
+    assert getattr(error, "job_id", "job-1") == "job-1"
     assert (error.remote_type, error.remote_message, error.remote_traceback) == (name, "message", "tb")

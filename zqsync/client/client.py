@@ -25,6 +25,7 @@ from . import transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .pool import SocketPool
+from .rendezvous import FAILOVER_ATTEMPTS, Route
 
 
 class Client:
@@ -90,6 +91,7 @@ class Client:
         self._jobs_address = self.endpoints if len(pairs) > 1 else self.endpoints[0]
         rpc = tuple(rpc for _, rpc in pairs)
         self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
+        self._rpc_endpoints = rpc
         self.settings = ClientSettings.from_env(
             pool_size=pool_size,
             call_timeout=call_timeout,
@@ -150,7 +152,10 @@ class Client:
             once, even if worker processes are killed. An attempt that gets
             no acknowledgement within ``confirm_retry`` seconds is retried
             with the same job id (workers drop duplicates) until
-            ``confirm_timeout``. Congestion control does not apply.
+            ``confirm_timeout``. With several workers, every attempt goes to
+            the job id's preferred worker (rendezvous hashing), and to the
+            next one only after ``5 * confirm_retry`` seconds without an answer
+            (``zqsync/rendezvous.py``). Congestion control does not apply.
         :param congestion: overrides the client's congestion control for this job.
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
@@ -159,7 +164,9 @@ class Client:
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
         :raises RemoteError: ``confirm=True`` and the worker refused the job
-            (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``).
+            (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``);
+            :class:`JournalUnavailable` when its journal cannot be written (the cause is in the message);
+            :class:`DuplicateJob` when ``job_id`` is already journaled as dead-lettered.
         :raises ProtocolError: the job breaks a limit the worker enforces
             (``protocol`` module: 16 MiB frame, nesting, key types, ``job_id``);
             nothing is sent.
@@ -190,17 +197,20 @@ class Client:
         return job_id
 
     def _confirm(self, frame: bytes, job_id: str, task: str, total: float) -> None:
+        """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
+        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry)
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
             if attempt <= 0:
                 raise Unconfirmed(job_id, total, reason)
             try:
-                reply = self._request(frame, job_id, task, attempt)
+                reply = self._request(frame, job_id, task, attempt, address=route.endpoint)
             except (CallTimeout, PoolError) as exc:
-                reason = str(exc)
+                reason = f"{route.endpoint}: {exc}"
                 self._counts["confirm_retries"] += 1
+                route.unanswered()
                 continue
             if not reply.ok:
                 raise _remote_error(reply)
@@ -255,10 +265,14 @@ class Client:
         self._counts["call_errors"] += 1
         raise _remote_error(reply)
 
-    def _request(self, frame: bytes, request_id: str, task: str, timeout: float) -> protocol.Reply:
-        """One request/reply on a pooled DEALER socket, within ``timeout`` seconds in all."""
+    def _request(
+        self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
+    ) -> protocol.Reply:
+        """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
+        ``timeout`` seconds in all."""
         deadline = time.monotonic() + timeout
-        with self._dealer.lease(self._rpc_address, timeout=min(timeout, self.settings.lease_timeout)) as sock:
+        target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
+        with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
             return self._round_trip(sock, frame, request_id, task, timeout, deadline)
 
     def _round_trip(
@@ -317,7 +331,7 @@ class Client:
 
 def _remote_error(reply: protocol.Reply) -> RemoteError:
     error = reply.error or {}
-    return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""))
+    return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply.id)
 
 
 def _task_name(task: str) -> str:

@@ -9,9 +9,22 @@ against process death, which is what at-least-once under SIGKILL needs;
 commit (SQLite documentation, "PRAGMA synchronous" and "Write-Ahead Logging").
 
 A job's ``id`` is its primary key, so a client's retry of an acknowledged
-job is recognised and not run twice while the row is kept (``retention``).
-Rows belong to the process that journaled them (``owner_pid``); pending rows
-of a process that no longer exists are claimed and replayed by a live one.
+job is recognised and not run twice while the row is kept (retention).
+
+Ownership: each worker process, at each boot, registers a random **owner
+token** and holds an exclusive ``flock`` on ``STATE_DIR/owners/TOKEN.lock``
+for as long as it lives. Rows belong to a token, never to a pid: pids repeat
+across restarts in a fresh PID namespace (a container is PID 1 again), locks
+do not outlive their process. A pending row whose owner's lock can be taken
+(or has no owner: requeued, or journaled by an older version) is an orphan,
+and a live worker that has the row's task claims it.
+
+Attempts are counted *before* a job runs (:meth:`Journal.write`, ``starts``),
+with ``running`` set (1: alongside other jobs, 2: alone). A row left
+``running`` by a dead owner is a suspect: the job may have killed its
+process. It is replayed after its backoff, alone; one that died running
+alone with ``attempts > retries`` is dead-lettered with the reason
+:data:`DIED`.
 
 States: ``pending`` (to run, possibly after ``next_at``), ``done``, ``dead``
 (retries exhausted: the dead-letter table is this state).
@@ -19,10 +32,15 @@ States: ``pending`` (to run, possibly after ``next_at``), ``done``, ``dead``
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import os
+import secrets
+import socket
 import sqlite3
 import time
-from typing import Any, Callable, Iterable, NamedTuple, Optional
+import weakref
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from .._common import native_lock
 from ..errors import ConfigurationError
@@ -40,10 +58,29 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_by_state_owner ON jobs (state, owner_pid);
 """
+#: Columns added since the first version (``ALTER TABLE`` on older journals).
+COLUMNS = {
+    "owner": "TEXT",
+    "running": "INTEGER NOT NULL DEFAULT 0",
+    "replay": "INTEGER NOT NULL DEFAULT 0",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+}
+INDEXES = """
+CREATE INDEX IF NOT EXISTS jobs_by_state_owner_token ON jobs (state, owner);
+CREATE INDEX IF NOT EXISTS jobs_to_replay ON jobs (owner, replay, next_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_at);
+"""
+FIELDS = ("id", "task", "body", "state", "attempts", "next_at", "owner", "error", "created_at", "updated_at",
+          "running", "retries")
+SELECT = f"SELECT {', '.join(FIELDS)} FROM jobs"
 
 FILENAME = "journal.sqlite3"
+OWNERS = "owners"
+#: The dead-letter reason of a job whose process died while it ran alone, retries exhausted.
+DIED = "worker died while running it"
+#: ``running`` values.
+SHARED, ALONE = 1, 2
 
 
 class Row(NamedTuple):
@@ -55,10 +92,12 @@ class Row(NamedTuple):
     state: str
     attempts: int
     next_at: float
-    owner_pid: Optional[int]
+    owner: Optional[str]
     error: Optional[str]
     created_at: float
     updated_at: float
+    running: int
+    retries: int
 
 
 class Outcome(NamedTuple):
@@ -71,9 +110,37 @@ class Outcome(NamedTuple):
     error: Optional[str]
 
 
+class Start(NamedTuple):
+    """An attempt about to start: counted first. ``running`` is :data:`SHARED` or :data:`ALONE`;
+    ``retry_at`` is when to retry it should its process die meanwhile (epoch seconds)."""
+
+    id: str
+    running: int
+    retry_at: float
+
+
+@dataclasses.dataclass
+class Claim:
+    """What one :meth:`Journal.claim` did: rows taken over, rows dead-lettered as :data:`DIED`
+    (their ids), and orphans left alone because their task is not ours (``{task: rows}``)."""
+
+    claimed: int = 0
+    died: list[str] = dataclasses.field(default_factory=list)
+    foreign: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+class JournalGone(sqlite3.DatabaseError):
+    """The journal file was deleted or replaced since it was opened: acknowledging into it would lose jobs."""
+
+
 def journal_path(state_dir: str) -> str:
     """The journal file inside ``state_dir``."""
     return os.path.join(state_dir, FILENAME)
+
+
+def _file_id(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
 
 
 class Journal:
@@ -81,20 +148,26 @@ class Journal:
 
     :param state_dir: directory of the journal file.
     :param synchronous: SQLite ``PRAGMA synchronous``: ``"NORMAL"`` or ``"FULL"``.
-    :param busy_timeout: seconds to wait for another process's write lock.
+    :param busy_timeout: seconds to wait for another process's write lock
+        before a transaction fails with ``sqlite3.OperationalError``.
 
     Blocking (plain ``sqlite3``); a gevent worker calls it from its thread
     pool, from more than one thread at a time, so every use of the one
     connection is serialised by a lock (a transaction begun by one thread
-    must never be committed by another).
+    must never be committed by another). A connection owns no rows until
+    :meth:`register` (the ``zqsync jobs`` command never registers).
     """
 
     def __init__(self, state_dir: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0) -> None:
         if synchronous.upper() not in ("NORMAL", "FULL"):
             raise ConfigurationError(f"journal synchronous must be NORMAL or FULL, got {synchronous!r}", setting="journal_sync")
         os.makedirs(state_dir, exist_ok=True)
+        self.state_dir = state_dir
         self.path = journal_path(state_dir)
+        self.token: Optional[str] = None
+        self._lock_fd: Optional[int] = None
         self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        self._file = _file_id(self.path)
         self._lock = native_lock()
         self._setup(synchronous.upper(), time.monotonic() + busy_timeout)
 
@@ -105,12 +178,32 @@ class Journal:
             try:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(f"PRAGMA synchronous={synchronous}")
-                self._db.executescript(SCHEMA)
+                if self._outdated():
+                    self._db.executescript(SCHEMA)
+                    self._transaction(self._migrate)
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def _outdated(self) -> bool:
+        """Whether the schema needs writing (only reads: a worker boots while another process holds
+        the write lock, and its loops wait for the lock instead)."""
+        with self._lock:
+            present = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+            indexes = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        wanted = {line.split()[5] for line in INDEXES.strip().splitlines()}
+        return not (set(COLUMNS) <= present and wanted <= indexes)
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        present = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+        for name, kind in COLUMNS.items():
+            if name not in present:
+                db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+        for statement in INDEXES.strip().splitlines():
+            db.execute(statement)
 
     def _transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._lock:
@@ -123,72 +216,229 @@ class Journal:
             self._db.execute("COMMIT")
             return result
 
-    def write(
-        self, jobs: Iterable[tuple[str, str, bytes]], outcomes: Iterable[Outcome] = (), *, owner_pid: int
-    ) -> list[bool]:
-        """In one transaction (group commit): journal new ``(id, task, body)`` jobs and store attempt outcomes.
+    # -- ownership ---------------------------------------------------------
 
-        :returns: per job, ``True`` if it is new, ``False`` if its id was already journaled.
+    def register(self) -> str:
+        """Become a live owner: a new random token, its lock file created and ``flock``-ed. Returns the token.
+
+        The lock is made under a temporary name and renamed into place once
+        held, so no other process ever sees an unlocked live owner's file.
+        A process forked from this one does not inherit ownership (its copy
+        of the descriptor is closed after the fork).
+        """
+        directory = os.path.join(self.state_dir, OWNERS)
+        os.makedirs(directory, exist_ok=True)
+        token = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(8)}"
+        temporary = os.path.join(directory, f".{token}.tmp")
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(temporary, self._owner_file(token))
+        self.token, self._lock_fd = token, fd
+        os.register_at_fork(after_in_child=_forget_lock(weakref.ref(self)))
+        return token
+
+    def _owner_file(self, token: str) -> str:
+        return os.path.join(self.state_dir, OWNERS, f"{token}.lock")
+
+    def owner_alive(self, token: Optional[str]) -> bool:
+        """Whether ``token``'s process still holds its lock. A dead owner's lock file is removed."""
+        if token is None:
+            return False
+        if token == self.token:
+            return True
+        path = self._owner_file(token)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return False
+
+    def check_file(self) -> None:
+        """:raises JournalGone: the journal file is no longer the one opened (deleted, replaced, directory removed)."""
+        try:
+            same = _file_id(self.path) == self._file
+        except OSError as exc:
+            raise JournalGone(f"journal file {self.path} is gone ({exc.strerror})") from exc
+        if not same:
+            raise JournalGone(f"journal file {self.path} was replaced by another file since the worker opened it")
+
+    # -- writes ------------------------------------------------------------
+
+    def write(
+        self,
+        jobs: Iterable[tuple[str, str, bytes, int]] = (),
+        outcomes: Iterable[Outcome] = (),
+        starts: Iterable[Start] = (),
+    ) -> list[Optional[str]]:
+        """In one transaction (group commit): count attempts about to start, store attempt outcomes, and
+        journal new ``(id, task, body, retries)`` jobs, owned by this connection's token.
+
+        Before committing new jobs it checks the file is still the one opened.
+
+        :returns: per job, ``None`` if it is new, else the state of the row already journaled under its id.
+        :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
+        :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
         """
         now = time.time()
+        jobs = list(jobs)
 
-        def apply(db: sqlite3.Connection) -> list[bool]:
+        def apply(db: sqlite3.Connection) -> list[Optional[str]]:
             db.executemany(
-                "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, updated_at = ? WHERE id = ?",
-                [(o.state, o.attempts, o.next_at, o.error, now, o.id) for o in outcomes],
-            )
-            return [
-                db.execute(
-                    "INSERT OR IGNORE INTO jobs (id, task, body, state, owner_pid, created_at, updated_at)"
-                    " VALUES (?, ?, ?, 'pending', ?, ?, ?)",
-                    (job_id, task, body, owner_pid, now, now),
-                ).rowcount == 1
-                for job_id, task, body in jobs
-            ]
+                "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?"
+                " WHERE id = ? AND state = 'pending'", [(s.running, s.retry_at, now, s.id) for s in starts])
+            db.executemany(
+                "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, running = 0, updated_at = ?"
+                " WHERE id = ?", [(o.state, o.attempts, o.next_at, o.error, now, o.id) for o in outcomes])
+            fresh = [self._insert(db, job, now) for job in jobs]
+            if jobs:
+                self.check_file()
+            return fresh
 
         return self._transaction(apply)
 
-    def claim_orphans(self, owner_pid: int, is_alive: Callable[[int], bool]) -> list[Row]:
-        """Take over the pending jobs of processes that no longer exist.
+    def _insert(self, db: sqlite3.Connection, job: tuple[str, str, bytes, int], now: float) -> Optional[str]:
+        job_id, task, body, retries = job
+        inserted = db.execute(
+            "INSERT OR IGNORE INTO jobs (id, task, body, state, owner, owner_pid, retries, created_at, updated_at)"
+            " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+            (job_id, task, body, self.token, os.getpid(), retries, now, now),
+        ).rowcount
+        if inserted == 1:
+            return None
+        return str(db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
 
-        :returns: only the rows taken over now (oldest first), never ones ``owner_pid`` already had.
-        """
+    def claim(self, tasks: Sequence[str]) -> Claim:
+        """Take over the pending jobs of dead owners whose task is in ``tasks``; they are marked for
+        replay (:meth:`take_replays`). Suspects that died running alone with ``attempts > retries``
+        are dead-lettered (:data:`DIED`) instead. Needs :meth:`register` first."""
+        assert self.token is not None, "register() first"
+        now = time.time()
+        marks = ",".join("?" for _ in tasks) or "NULL"
 
-        def claim(db: sqlite3.Connection) -> list[Row]:
+        def claim(db: sqlite3.Connection) -> Claim:
             owners = [row[0] for row in db.execute(
-                "SELECT DISTINCT owner_pid FROM jobs WHERE state = 'pending' AND owner_pid IS NOT ?", (owner_pid,))]
-            claimed: list[Row] = []
-            for pid in owners:
-                if pid is not None and is_alive(pid):
-                    continue
-                claimed += [Row(*row) for row in db.execute(
-                    "SELECT * FROM jobs WHERE state = 'pending' AND owner_pid IS ?", (pid,))]
-                db.execute("UPDATE jobs SET owner_pid = ? WHERE state = 'pending' AND owner_pid IS ?", (owner_pid, pid))
-            return sorted(claimed, key=lambda row: row.created_at)
+                "SELECT DISTINCT owner FROM jobs WHERE state = 'pending' AND owner IS NOT ?", (self.token,))]
+            result = Claim()
+            for owner in owners:
+                if not self.owner_alive(owner):
+                    self._claim_from(db, owner, tasks, marks, now, result)
+            return result
 
         return self._transaction(claim)
 
-    def rows(self, states: Iterable[str] = ("pending", "dead"), *, limit: int = 1000) -> list[Row]:
-        """Jobs in ``states``, oldest first, at most ``limit``."""
+    def _claim_from(self, db: sqlite3.Connection, owner: Optional[str], tasks: Sequence[str], marks: str,
+                    now: float, result: Claim) -> None:
+        mine = f"state = 'pending' AND owner IS ? AND task IN ({marks})"
+        died = f"{mine} AND running = {ALONE} AND attempts > retries"
+        result.died.extend(row[0] for row in db.execute(f"SELECT id FROM jobs WHERE {died}", (owner, *tasks)))
+        db.execute(f"UPDATE jobs SET state = 'dead', error = ?, running = 0, updated_at = ? WHERE {died}",
+                   (DIED, now, owner, *tasks))
+        result.claimed += db.execute(f"UPDATE jobs SET owner = ?, owner_pid = ?, replay = 1 WHERE {mine}",
+                                     (self.token, os.getpid(), owner, *tasks)).rowcount
+        for task, count in db.execute(
+                f"SELECT task, COUNT(*) FROM jobs WHERE state = 'pending' AND owner IS ? AND task NOT IN ({marks})"
+                " GROUP BY task", (owner, *tasks)):
+            result.foreign[task] = result.foreign.get(task, 0) + count
+
+    def take_replays(self, limit: int) -> list[Row]:
+        """At most ``limit`` of this owner's claimed rows that are due, unsuspected ones first, then by
+        ``next_at``; each is handed out once (its replay mark is cleared in the same transaction)."""
+        query = (f"{SELECT} WHERE state = 'pending' AND owner = ? AND replay = 1 AND next_at <= ?"
+                 " ORDER BY running > 0, next_at, created_at LIMIT ?")
+
+        def take(db: sqlite3.Connection) -> list[Row]:
+            rows = [Row(*row) for row in db.execute(query, (self.token, time.time(), limit))]
+            db.executemany("UPDATE jobs SET replay = 0 WHERE id = ?", [(row.id,) for row in rows])
+            return rows
+
+        return self._transaction(take)
+
+    # -- operators -----------------------------------------------------------
+
+    def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
+             limit: int = 1000) -> list[Row]:
+        """Jobs in ``states`` (or with one of ``ids``, any state), oldest first, at most ``limit``."""
+        wanted = list(ids) or list(states)
+        marks = ",".join("?" for _ in wanted)
+        column = "id" if ids else "state"
+        with self._lock:
+            return [Row(*row) for row in self._db.execute(
+                f"{SELECT} WHERE {column} IN ({marks}) ORDER BY created_at LIMIT ?", (*wanted, limit))]
+
+    def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
+        """Every job in ``states``, oldest first, read ``batch`` rows at a time."""
         wanted = list(states)
         marks = ",".join("?" for _ in wanted)
-        query = f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at LIMIT ?"
-        with self._lock:
-            return [Row(*row) for row in self._db.execute(query, (*wanted, limit))]
+        after: tuple[float, str] = (-1.0, "")
+        while True:
+            with self._lock:
+                rows = [Row(*row) for row in self._db.execute(
+                    f"{SELECT} WHERE state IN ({marks}) AND (created_at, id) > (?, ?)"
+                    " ORDER BY created_at, id LIMIT ?", (*wanted, *after, batch))]
+            yield from rows
+            if len(rows) < batch:
+                return
+            after = (rows[-1].created_at, rows[-1].id)
 
     def counts(self) -> dict[str, int]:
         """Number of jobs per state."""
         with self._lock:
             return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
+        """Make ``ids`` (or every dead job) pending again, unowned, attempts reset: a live worker with
+        the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
+        now = time.time()
+        reset = ("UPDATE jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
+                 " owner = NULL, replay = 0, updated_at = ?")
+        if all_dead:
+            return self._transaction(lambda db: db.execute(f"{reset} WHERE state = 'dead'", (now,)).rowcount)
+        return self._transaction(lambda db: sum(
+            db.execute(f"{reset} WHERE id = ? AND state != 'pending'", (now, job_id)).rowcount for job_id in ids))
+
+    def purge(self, states: Iterable[str], older_than: float) -> int:
+        """Delete rows in ``states`` (``done``/``dead``) last updated more than ``older_than`` seconds ago;
+        returns how many."""
+        cutoff = time.time() - older_than
+        wanted = [state for state in states if state != "pending"]
+        marks = ",".join("?" for _ in wanted) or "NULL"
+        return self._transaction(lambda db: db.execute(
+            f"DELETE FROM jobs WHERE state IN ({marks}) AND updated_at < ?", (*wanted, cutoff)).rowcount)
+
     def prune(self, older_than: float) -> int:
         """Delete ``done`` rows last updated more than ``older_than`` seconds ago; returns how many."""
-        cutoff = time.time() - older_than
-        return self._transaction(
-            lambda db: db.execute("DELETE FROM jobs WHERE state = 'done' AND updated_at < ?", (cutoff,)).rowcount
-        )
+        return self.purge(("done",), older_than)
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection and give up ownership (its lock file is removed: no rows are left to it
+        unless a stop left pending ones, which any live worker then claims)."""
         with self._lock:
             self._db.close()
+        if self._lock_fd is not None and self.token is not None:
+            try:
+                os.unlink(self._owner_file(self.token))
+            except FileNotFoundError:
+                pass
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _forget_lock(journal: "weakref.ReferenceType[Journal]") -> Callable[[], None]:
+    def forget() -> None:
+        alive = journal()
+        if alive is not None and alive._lock_fd is not None:
+            os.close(alive._lock_fd)  # our copy only: the parent's lock stays held
+            alive._lock_fd = None
+            alive.token = None
+
+    return forget

@@ -5,17 +5,25 @@
 * Confirmed jobs are journaled first (``journal.py``), in batches: one
   writer greenlet commits every job that arrived meanwhile in one SQLite
   transaction (group commit), in the hub's thread pool so the hub keeps
-  running. Only then is the job acknowledged. Attempts, retries and the
-  final ``done`` or ``dead`` state are journaled too, so a job interrupted by
-  a crash is replayed: at least once.
-* Pending jobs of worker processes that no longer exist are claimed and
-  replayed at start and every ``orphan_interval`` seconds.
+  running. Only then is the job acknowledged. Each attempt is counted in
+  the journal before it starts; outcomes, retries and the final ``done`` or
+  ``dead`` state are journaled after; so a job interrupted by a crash is
+  replayed (at least once), and one that keeps killing its process is
+  dead-lettered after ``retries + 1`` attempts.
+* A failed journal write is logged at ERROR and retried with backoff:
+  outcomes are kept until written, a confirm is answered with a
+  ``JournalUnavailable`` error instead of an acknowledgement.
+* The replay loop claims the pending jobs of dead owners (whose task this
+  worker has) every ``replay_interval`` seconds, then streams the due ones
+  from the journal in batches of :data:`REPLAY_BATCH`, through the same
+  bounded backlog as new jobs: memory stays flat however many are pending.
+  A job that was running when its process died runs alone (no other task
+  in this process meanwhile), after its backoff and after the other due jobs.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, NamedTuple, Optional
 
@@ -25,10 +33,9 @@ import gevent.lock
 import gevent.pool
 import gevent.queue
 
-from .._common import pid_alive
 from ..errors import ProtocolError
 from ..wire import envelope as protocol
-from .journal import Journal, Outcome, Row
+from .journal import ALONE, DIED, SHARED, Journal, JournalGone, Outcome, Row, Start
 from .registry import Task
 from .runner import ErrorInfo, Runner
 
@@ -36,6 +43,12 @@ log = logging.getLogger(__name__)
 
 #: Most operations one journal transaction carries.
 MAX_BATCH = 1000
+#: Journaled jobs read from the journal per replay step.
+REPLAY_BATCH = 500
+#: Longest wait, seconds, between retries of a failing journal operation.
+MAX_RETRY_DELAY = 10.0
+#: Default retention of ``done`` and ``dead`` rows, seconds.
+KEEP_DONE, KEEP_DEAD = 3600.0, 7 * 86400.0
 
 
 class Job(NamedTuple):
@@ -46,6 +59,26 @@ class Job(NamedTuple):
     attempts: int = 0
     durable: bool = False
     admitted: bool = False  # holds a backlog place until it starts
+    alone: bool = False  # was running when its process died: runs with no other task beside it
+
+
+def build_scheduler(
+    runner: Runner, slots: gevent.pool.Pool, state_dir: Optional[str], *, synchronous: str = "NORMAL",
+    busy_timeout: float = 30.0, **options: Any,
+) -> "JobScheduler":
+    """A scheduler with the journal in ``state_dir`` (opened and registered as a live owner), or
+    without one if ``state_dir`` is ``None``. ``options`` go to :class:`JobScheduler`.
+
+    :raises sqlite3.Error, OSError: the journal cannot be opened.
+    """
+    journal = Journal(state_dir, synchronous=synchronous, busy_timeout=busy_timeout) if state_dir else None
+    if journal is not None:
+        journal.register()
+    return JobScheduler(runner, slots, journal=journal, **options)
+
+
+def _retry_delay(failures: int, base: float) -> float:
+    return min(MAX_RETRY_DELAY, base * 2 ** min(failures, 16))
 
 
 class JobScheduler:
@@ -53,11 +86,12 @@ class JobScheduler:
 
     :param runner: decodes and runs tasks, and counts.
     :param slots: the worker's task pool; a job starts only when a slot is free.
-    :param journal: the confirmed-jobs journal, or ``None`` (confirm refused).
-    :param retention: seconds ``done`` rows stay in the journal for duplicate detection.
-    :param orphan_interval: seconds between claims of dead processes' pending jobs.
-    :param max_backlog: accepted confirmed jobs waiting for a slot; past it,
-        :meth:`accept` waits, and so the clients' acknowledgements do.
+    :param journal: the confirmed-jobs journal (registered as an owner), or ``None`` (confirm refused).
+    :param keep_done: seconds ``done`` rows stay in the journal (duplicate detection).
+    :param keep_dead: seconds ``dead`` rows stay in the journal (the dead letters).
+    :param replay_interval: seconds between claims and replays of dead owners' pending jobs.
+    :param max_backlog: accepted or replayed confirmed jobs waiting for a slot; past it,
+        :meth:`accept` waits, and so the clients' acknowledgements do, and replay does.
     """
 
     def __init__(
@@ -66,20 +100,25 @@ class JobScheduler:
         slots: gevent.pool.Pool,
         *,
         journal: Optional[Journal] = None,
-        retention: float = 3600.0,
-        orphan_interval: float = 2.0,
+        keep_done: float = KEEP_DONE,
+        keep_dead: float = KEEP_DEAD,
+        replay_interval: float = 0.5,
         max_backlog: int = 1000,
     ) -> None:
         self.runner = runner
         self.slots = slots
         self.journal = journal
-        self.retention = retention
-        self.orphan_interval = orphan_interval
+        self.keep_done, self.keep_dead = keep_done, keep_dead
+        self.replay_interval = replay_interval
         self._ready: gevent.queue.Queue = gevent.queue.Queue()
         self._writes: gevent.queue.Queue = gevent.queue.Queue()
         self._greenlets: list[gevent.Greenlet] = []
         self._timers: set[gevent.Greenlet] = set()
         self._backlog = gevent.lock.BoundedSemaphore(max_backlog)
+        self._gone: Optional[str] = None  # why the journal can never be written again
+        self._foreign: set[str] = set()
+        for key in ("confirmed_refused", "journal_errors"):
+            runner.counters.setdefault(key, 0)
         if journal is not None:
             runner.confirm = self.accept
 
@@ -87,7 +126,7 @@ class JobScheduler:
         """Start dispatching, and with a journal, writing and replaying."""
         self._greenlets.append(gevent.spawn(self._dispatch))
         if self.journal is not None:
-            self._greenlets += [gevent.spawn(self._write_loop), gevent.spawn(self._orphan_loop)]
+            self._greenlets += [gevent.spawn(self._write_loop), gevent.spawn(self._replay_loop)]
 
     def greenlets(self) -> list[gevent.Greenlet]:
         """Every greenlet the scheduler runs (its loops and retry timers)."""
@@ -137,36 +176,76 @@ class JobScheduler:
 
         Blocks the calling greenlet until the journal transaction holding the
         job has committed. A job id seen before is acknowledged as a duplicate
-        and not run again.
+        and not run again; one that is dead-lettered gets a ``DuplicateJob``
+        error. If the journal cannot be written (or its file is gone), the
+        reply is a ``JournalUnavailable`` error naming the cause, never an
+        acknowledgement.
         """
+        if self._gone:
+            return self._refuse(request, self._gone)
         body = protocol.encode_request("job", request.id, request.task, request.args, request.kwargs)
         self._backlog.acquire()
         try:
-            new = self._write("add", (request.id, request.task, body))
+            existing = self._write("add", (request.id, request.task, body, task.retries))
+        except Exception as exc:
+            self._backlog.release()
+            return self._refuse(request, f"{type(exc).__name__}: {exc}")
         except BaseException:
             self._backlog.release()
             raise
-        if new:
+        if existing is None:
             self._ready.put(Job(task, request, 0, True, admitted=True))
-        else:
-            self._backlog.release()
-            self.runner.counters["confirmed_duplicates"] += 1
-        return protocol.encode_result(request.id, {"job_id": request.id, "duplicate": not new})
+            return protocol.encode_result(request.id, {"job_id": request.id, "duplicate": False})
+        self._backlog.release()
+        self.runner.counters["confirmed_duplicates"] += 1
+        if existing == "dead":
+            return protocol.encode_error(
+                request.id, "DuplicateJob",
+                f"job {request.id} is already journaled and dead-lettered (its attempts are exhausted), so it "
+                f"was not run again: see `zqsync jobs --id {request.id}`, re-run it with `zqsync jobs requeue "
+                f"{request.id}`, or enqueue it under a new id")
+        return protocol.encode_result(request.id, {"job_id": request.id, "duplicate": True})
+
+    def _refuse(self, request: protocol.Request, cause: str) -> bytes:
+        self.runner.counters["confirmed_refused"] += 1
+        log.error("refused confirmed job %s (%s): the journal cannot be written: %s", request.id, request.task, cause)
+        return protocol.encode_error(
+            request.id, "JournalUnavailable",
+            f"the worker could not journal job {request.id}, so it did not acknowledge it: {cause}")
 
     # -- execution -------------------------------------------------------
 
     def _dispatch(self) -> None:
         while True:
             job = self._ready.get()
-            self.slots.wait_available()
+            if not job.alone:
+                self.slots.wait_available()
             if job.admitted:
                 self._backlog.release()
                 job = job._replace(admitted=False)
-            self.slots.spawn(self._attempt, job)
+            if job.alone:
+                self._run_alone(job)
+            else:
+                self.slots.spawn(self._attempt, job)
+
+    def _run_alone(self, job: Job) -> None:
+        """Run a job suspected of killing its process with every other slot held, so it takes no
+        healthy job down with it. Blocks dispatching until it ends."""
+        log.warning("job %s (%s) was running when its worker process died; running it alone (attempt %d of %d)",
+                    job.request.id, job.task.name, job.attempts + 1, job.task.retries + 1)
+        gate = gevent.event.Event()
+        try:
+            for _ in range(self.slots.size - 1):
+                self.slots.spawn(gate.wait)
+            self.slots.spawn(self._attempt, job).join()
+        finally:
+            gate.set()
 
     def _attempt(self, job: Job) -> None:
-        ok, value = self.runner.run(job.task, job.request)
         attempts = job.attempts + 1
+        if job.durable and not self._count_start(job, attempts):
+            return
+        ok, value = self.runner.run(job.task, job.request)
         if ok:
             self.runner.counters["jobs_succeeded"] += 1
             self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, None))
@@ -180,6 +259,20 @@ class JobScheduler:
                     job.request.id, job.task.name, attempts, delay, value[0], value[1])
         self._settle(job, Outcome(job.request.id, "pending", attempts, time.time() + delay, _describe(value)))
         self._later(delay, job._replace(attempts=attempts))
+
+    def _count_start(self, job: Job, attempts: int) -> bool:
+        """Journal that attempt ``attempts`` starts, before it does; ``False`` (retried later) if that fails."""
+        backoff = job.task.backoff * 2 ** (attempts - 1)
+        start = Start(job.request.id, ALONE if job.alone else SHARED, time.time() + backoff)
+        try:
+            self._write("start", start)
+        except Exception as exc:
+            delay = max(backoff, 1.0)
+            log.error("job %s (%s) not started: its attempt could not be journaled; retrying in %.1f s: %s: %s",
+                      job.request.id, job.task.name, delay, type(exc).__name__, exc)
+            self._later(delay, job)
+            return False
+        return True
 
     def _give_up(self, job: Job, attempts: int, error: ErrorInfo) -> None:
         self.runner.counters["jobs_failed"] += 1
@@ -206,59 +299,131 @@ class JobScheduler:
         self._writes.put((op, item, result))
         return result.get()
 
-    def _write_loop(self) -> None:
-        assert self.journal is not None
-        journal = self.journal
-        pool = gevent.get_hub().threadpool
-        while True:
-            batch = [self._writes.get()]
-            while len(batch) < MAX_BATCH and not self._writes.empty():
-                batch.append(self._writes.get_nowait())
-            adds = [(item, result) for op, item, result in batch if op == "add"]
-            records = [item for op, item, _ in batch if op == "record"]
-            try:
-                if adds or records:
-                    fresh = pool.apply(journal.write, ([item for item, _ in adds], records), {"owner_pid": os.getpid()})
-                    for (_, result), new in zip(adds, fresh):
-                        result.set(new)
-            except Exception as exc:  # the journal is unusable: fail these acks, keep serving calls
-                log.exception("journal write failed")
-                for _, result in adds:
-                    result.set_exception(exc)
-            for op, _, result in batch:
-                if op == "stop":
-                    result.set(True)
+    def _next_batch(self, block: bool) -> list[tuple[str, Any, Any]]:
+        batch = [self._writes.get()] if block else []
+        while len(batch) < MAX_BATCH and not self._writes.empty():
+            batch.append(self._writes.get_nowait())
+        return batch
 
-    def _orphan_loop(self) -> None:
+    def _write_loop(self) -> None:
+        """Group commits. Outcomes whose write failed are kept and retried with backoff (never dropped);
+        waiting adds and starts get the error."""
         assert self.journal is not None
         pool = gevent.get_hub().threadpool
+        carried: list[Outcome] = []
+        failures = 0
+        while True:
+            batch = self._next_batch(block=not carried)
+            waiting = [(op, result) for op, _, result in batch if op in ("add", "start")]
+            adds = [item for op, item, _ in batch if op == "add"]
+            starts = [item for op, item, _ in batch if op == "start"]
+            records = carried + [item for op, item, _ in batch if op == "record"]
+            try:
+                fresh = pool.apply(self.journal.write, (adds, records, starts)) if waiting or records else []
+            except Exception as exc:
+                failures += 1
+                carried = records
+                self._write_failed(exc, failures, len(records))
+                for _, result in waiting:
+                    result.set_exception(exc)
+                self._finish_stop(batch, carried)
+                gevent.sleep(_retry_delay(failures, 0.05))
+                continue
+            failures, carried = 0, []
+            states = iter(fresh)
+            for op, result in waiting:
+                result.set(next(states) if op == "add" else True)
+            self._finish_stop(batch, carried)
+
+    def _write_failed(self, exc: Exception, failures: int, outcomes: int) -> None:
+        self.runner.counters["journal_errors"] += 1
+        if isinstance(exc, JournalGone) and self._gone is None:
+            self._gone = str(exc)
+        log.error("journal write failed (%d in a row; %d outcome(s) kept to retry): %s: %s",
+                  failures, outcomes, type(exc).__name__, exc)
+
+    @staticmethod
+    def _finish_stop(batch: list[tuple[str, Any, Any]], carried: list[Outcome]) -> None:
+        for op, _, result in batch:
+            if op == "stop":
+                if carried:
+                    log.error("stopping with %d outcome(s) not journaled: those jobs stay pending and will run "
+                              "again after a restart", len(carried))
+                result.set(True)
+
+    def _replay_loop(self) -> None:
+        """Claim and replay, forever; a failure is logged at ERROR and retried with backoff."""
+        failures = 0
         last_prune = 0.0
         while True:
-            rows = pool.apply(self.journal.claim_orphans, (os.getpid(), pid_alive))
+            try:
+                self._claim_and_replay()
+                if time.monotonic() - last_prune > max(self.replay_interval, min(60.0, self.keep_done, self.keep_dead)):
+                    self._prune()
+                    last_prune = time.monotonic()
+            except Exception as exc:
+                failures += 1
+                self.runner.counters["journal_errors"] += 1
+                delay = _retry_delay(failures, self.replay_interval)
+                log.error("journal replay failed (%d in a row), retrying in %.1f s: %s: %s",
+                          failures, delay, type(exc).__name__, exc)
+                gevent.sleep(delay)
+                continue
+            failures = 0
+            gevent.sleep(self.replay_interval)
+
+    def _claim_and_replay(self) -> None:
+        assert self.journal is not None
+        pool = gevent.get_hub().threadpool
+        claim = pool.apply(self.journal.claim, (self.runner.registry.names(),))
+        if claim.claimed:
+            log.info("claimed %d pending job(s) of worker processes that are gone", claim.claimed)
+        for job_id in claim.died:
+            self.runner.counters["jobs_dead"] += 1
+            log.error("job %s moved to the dead-letter state: its attempts are exhausted and the %s", job_id, DIED)
+        for task, count in claim.foreign.items():
+            if task not in self._foreign:
+                self._foreign.add(task)
+                log.warning("%d pending job(s) of task %r belong to a worker process that is gone, but this "
+                            "worker has no such task: left for a worker that has it", count, task)
+        while True:
+            rows = pool.apply(self.journal.take_replays, (REPLAY_BATCH,))
             for row in rows:
                 self._replay(row)
-            if time.monotonic() - last_prune > 60:
-                pool.apply(self.journal.prune, (self.retention,))
-                last_prune = time.monotonic()
-            gevent.sleep(self.orphan_interval)
+            if len(rows) < REPLAY_BATCH:
+                return
+
+    def _prune(self) -> None:
+        assert self.journal is not None
+        pool = gevent.get_hub().threadpool
+        for state, keep in (("done", self.keep_done), ("dead", self.keep_dead)):
+            pruned = pool.apply(self.journal.purge, ((state,), keep))
+            if pruned:
+                log.info("pruned %d %s job(s) older than %.0f s from the journal", pruned, state, keep)
 
     def _replay(self, row: Row) -> None:
+        task = self.runner.registry.get(row.task)
         try:
             request = protocol.decode_request(row.body)
-        except ProtocolError:
-            log.error("journaled job %s cannot be decoded; leaving it pending", row.id)
+        except ProtocolError as exc:
+            self._bury(row, f"ProtocolError: the journaled body cannot be decoded: {exc}")
             return
-        task = self.runner.registry.get(row.task)
-        if task is None:
-            log.error("journaled job %s names task %r, which this worker does not have", row.id, row.task)
+        if task is None:  # claimed only for our tasks; a registry does not change while we run
+            self._bury(row, f"UnknownTask: no task named {row.task!r}")
             return
         log.info("replaying journaled job %s (%s), attempt %d", row.id, row.task, row.attempts + 1)
-        self._later(max(0.0, row.next_at - time.time()), Job(task, request, row.attempts, True))
+        self._backlog.acquire()
+        self._ready.put(Job(task, request, row.attempts, True, admitted=True, alone=row.running > 0))
+
+
+    def _bury(self, row: Row, error: str) -> None:
+        self.runner.counters["jobs_dead"] += 1
+        log.error("journaled job %s moved to the dead-letter state: %s", row.id, error)
+        self._writes.put(("record", Outcome(row.id, "dead", row.attempts, 0.0, error), None))
 
 
 def _describe(error: ErrorInfo) -> str:
     return f"{error[0]}: {error[1]}"
 
 
-__all__ = ["Job", "JobScheduler"]
-
+__all__ = ["Job", "JobScheduler", "build_scheduler"]

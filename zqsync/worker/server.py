@@ -66,10 +66,9 @@ from ..errors import ConfigurationError, ProtocolError, WorkerShutdown
 from ..wire.envelope import MAX_MESSAGE_SIZE, encode_error
 from .auth import GeventAuthenticator
 from .binding import bind_pair
-from .journal import Journal
 from .registry import Registry
 from .runner import Runner
-from .scheduler import JobScheduler
+from .scheduler import build_scheduler
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -119,6 +118,8 @@ class Worker:
     :param curve_secret_key: the worker's ``.key_secret`` file: both sockets
         then accept only CURVE clients whose public key is in ``allow_client_keys``.
     :param allow_client_keys: directory of allowed client public keys (``*.key``).
+    :param journal_options: more :func:`~zqsync.worker.scheduler.build_scheduler` options
+        (``busy_timeout``, ``keep_done``, ``keep_dead`` seconds, ...).
 
     Must run in a process with a gevent hub; ``zqsync worker`` monkey-patches
     first, as gunicorn's gevent worker does.
@@ -140,6 +141,7 @@ class Worker:
         backend: Optional[tuple[str, str]] = None,
         curve_secret_key: Optional[str] = None,
         allow_client_keys: Optional[str] = None,
+        journal_options: Optional[dict[str, Any]] = None,
     ) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", setting="concurrency")
@@ -171,8 +173,8 @@ class Worker:
         self._stopping = False
         self._replied_at = 0.0
         self._admissions = gevent.pool.Pool(ADMISSIONS)
-        journal = Journal(state_dir, synchronous=journal_sync) if state_dir else None
-        self.scheduler = JobScheduler(self.runner, self._slots, journal=journal)
+        self.scheduler = build_scheduler(self.runner, self._slots, state_dir, synchronous=journal_sync,
+                                         **(journal_options or {}))
         self._signals: list[int] = []
         self._wakeup = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []

@@ -26,8 +26,10 @@ builds its own sockets and client pools.
   and refuses (``WorkerStopping``) the few that reach it before it closes.
 * A child that dies after it booted is restarted, with exponential backoff
   for repeated crashes. A child that dies before it finished booting (say,
-  an import error) halts the supervisor with a clear message instead of
-  looping, like gunicorn's boot-error exit.
+  an import error) at the supervisor's first start halts the supervisor with
+  a clear message instead of looping, like gunicorn's boot-error exit; a
+  replacement that fails to boot later (a file caught mid-deploy) is logged
+  and restarted with backoff while its siblings keep serving.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ class Supervisor:
         self._signals: list[int] = []
         self._failures = [0] * processes
         self._restart_at: dict[int, float] = {}
+        self._booted_slots: set[int] = set()  # slots whose child booted at least once
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
         self._sockets: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
@@ -227,9 +230,12 @@ class Supervisor:
                 log.info("worker child %d (pid %d) retired with status %s", child.slot, pid, code)
                 continue
             if not child.booted and not os.path.exists(child.ready_file):
-                log.error("worker child %d (pid %d) exited with status %s before it finished booting; "
-                          "halting instead of restarting it: fix the error above", child.slot, pid, code)
-                return BOOT_ERROR
+                if child.slot not in self._booted_slots:
+                    log.error("worker child %d (pid %d) exited with status %s before it finished booting; "
+                              "halting instead of restarting it: fix the error above", child.slot, pid, code)
+                    return BOOT_ERROR
+                log.error("replacement worker child %d (pid %d) exited with status %s before it finished "
+                          "booting; its siblings keep serving", child.slot, pid, code)
             self._schedule_restart(child, code)
 
     def _schedule_restart(self, child: _Child, code: int) -> None:
@@ -247,6 +253,12 @@ class Supervisor:
                 continue
             if os.path.exists(child.ready_file):
                 child.booted = True
+                self._booted_slots.add(child.slot)
+            elif time.monotonic() - child.started > self.boot_timeout and child.slot in self._booted_slots:
+                log.error("replacement worker child %d (pid %d) did not become ready within %.0f s; killing it",
+                          child.slot, child.pid, self.boot_timeout)
+                os.kill(child.pid, signal.SIGKILL)  # reaped and restarted with backoff
+                child.started = time.monotonic()
             elif time.monotonic() - child.started > self.boot_timeout:
                 log.error("worker child %d (pid %d) did not become ready within %.0f s; halting",
                           child.slot, child.pid, self.boot_timeout)
