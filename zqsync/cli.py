@@ -6,6 +6,7 @@ Each subcommand is a small function; ``main`` only parses and dispatches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -13,9 +14,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from . import __version__, settings
+from .errors import ConfigurationError
 
 EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
 
@@ -34,18 +36,21 @@ def _kwargs(text: str) -> dict[str, Any]:
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _checked(check: Callable[[str, Any], Any]) -> Callable[[str], Any]:
+    """An argparse type that runs one of the settings' own validators."""
+
+    def parse(text: str) -> Any:
+        try:
+            return check("value", text)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc).replace("value ", "", 1)) from None
+
+    parse.__name__ = check.__name__.strip("_")
+    return parse
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
-    return value
+_positive_int = _checked(settings._positive_int)
+_seconds = _checked(settings.check_seconds)
 
 
 CLIENT_COMMANDS = (
@@ -119,12 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
                         help="SQLite synchronous level: 'normal' survives any process kill, 'full' also power "
                         "loss at an fsync per commit (default: normal)")
-    worker.add_argument("--keep-done", type=_age, default=3600.0, metavar="SECONDS",
+    worker.add_argument("--keep-done", type=_age, default=settings.KEEP_DONE, metavar="SECONDS",
                         help="how long finished confirmed jobs stay in the journal, which recognises a resent "
                         "job id as a duplicate only while its row is kept (default: 3600; 7d, 12h, 30m also work)")
-    worker.add_argument("--keep-dead", type=_age, default=7 * 86400.0, metavar="SECONDS",
+    worker.add_argument("--keep-dead", type=_age, default=settings.KEEP_DEAD, metavar="SECONDS",
                         help="how long dead-lettered jobs stay in the journal (default: 604800, 7 days)")
-    worker.add_argument("--journal-busy-timeout", type=_seconds, default=30.0, metavar="SECONDS",
+    worker.add_argument("--journal-busy-timeout", type=_seconds, default=settings.JOURNAL_BUSY_TIMEOUT, metavar="SECONDS",
                         help="how long a journal write waits for another process's lock before it fails, "
                         "is logged and retried (default: 30)")
     worker.add_argument("--curve-secret-key", metavar="FILE",
@@ -135,8 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-port", type=int, metavar="PORT",
                         help="serve Prometheus metrics on 127.0.0.1:PORT (needs the 'prometheus' extra); with "
                         "--processes, the supervisor serves every child's numbers (prometheus multiprocess mode)")
-    worker.add_argument("--hwm", type=_positive_int, default=settings.HWM,
-                        help=f"receive high-water mark of the jobs and rpc sockets, messages (default: {settings.HWM})")
+    worker.add_argument("--hwm", type=_positive_int, default=settings.WORKER_HWM,
+                        help="receive high-water mark of the jobs and rpc sockets, messages "
+                        f"(default: {settings.WORKER_HWM})")
+    worker.add_argument("--hard-grace", type=_seconds, default=settings.HARD_GRACE, metavar="SECONDS",
+                        help="seconds past a task's time limit before a worker process whose hub is still "
+                        "blocked (a C call that never returns) dumps its threads' tracebacks and exits with "
+                        f"status 1, to be restarted (default: {settings.HARD_GRACE})")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
     worker.set_defaults(handler=cmd_worker)
@@ -264,19 +274,18 @@ def load_registry(app: str) -> Any:
     return registry
 
 
-def _worker_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "concurrency": args.concurrency, "graceful_timeout": args.graceful_timeout, "hwm": args.hwm,
-        "state_dir": args.state_dir, "journal_sync": args.journal_sync.upper(),
-        "journal_options": {"keep_done": args.keep_done, "keep_dead": args.keep_dead,
-                            "busy_timeout": args.journal_busy_timeout},
-    }
+def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
+    """The worker's settings from its flags, built (and checked) once.
 
-
-def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
+    :raises SystemExit: a flag combination that cannot work, naming the flags.
+    """
     if bool(args.curve_secret_key) != bool(args.allow_client_keys):
         raise SystemExit("zqsync worker: --curve-secret-key and --allow-client-keys go together")
-    return {"curve_secret_key": args.curve_secret_key, "allow_client_keys": args.allow_client_keys}
+    fields = {field.name for field in dataclasses.fields(settings.WorkerSettings)}
+    try:
+        return settings.WorkerSettings(**{name: value for name, value in vars(args).items() if name in fields})
+    except ConfigurationError as exc:
+        raise SystemExit(f"zqsync worker: --{exc.setting.replace('_', '-')}: {exc}") from None
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -288,8 +297,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .worker.server import Worker
 
     registry = load_registry(args.app)
-    worker = Worker(registry, bind=args.bind, ready_file=args.ready_file, parent_pid=args.parent_pid,
-                    **_worker_options(args), **_curve_options(args))
+    worker = Worker(registry, settings=worker_settings(args), ready_file=args.ready_file, parent_pid=args.parent_pid)
     if args.metrics_port:
         _metrics().serve(args.metrics_port, worker=worker)
     return worker.serve()
@@ -308,6 +316,8 @@ def _metrics() -> Any:
 def _run_supervisor(args: argparse.Namespace) -> int:
     from .worker.supervisor import Supervisor
 
+    config = worker_settings(args)
+
     def serve_child(slot: int, backend: tuple[str, str], ready_file: str, parent_pid: int) -> int:
         from gevent import monkey
 
@@ -315,8 +325,9 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         from .worker.server import Worker
 
         registry = load_registry(args.app)
-        worker = Worker(registry, bind=args.bind, backend=backend, ready_file=ready_file, parent_pid=parent_pid,
-                        **_worker_options(args))
+        # CURVE ends at the supervisor's public sockets; the children listen on private ipc:// backends.
+        worker = Worker(registry, settings=dataclasses.replace(config, curve_secret_key=None, allow_client_keys=None),
+                        backend=backend, ready_file=ready_file, parent_pid=parent_pid)
         if args.metrics_port:
             _metrics().MetricsSync(worker).start()
         return worker.serve()
@@ -328,9 +339,10 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         metrics.start_exporter(args.metrics_port)
         on_child_exit = metrics.mark_process_dead
 
-    supervisor = Supervisor(serve_child, bind=args.bind, processes=args.processes, parent_pid=args.parent_pid,
-                            graceful_timeout=args.graceful_timeout, ready_file=args.ready_file,
-                            on_child_exit=on_child_exit, **_curve_options(args))
+    supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
+                            graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
+                            on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
+                            allow_client_keys=config.allow_client_keys)
     return supervisor.run()
 
 

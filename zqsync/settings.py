@@ -34,9 +34,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from .errors import ConfigurationError
+from .wire.endpoints import parse_endpoint
+from .wire.envelope import MAX_MESSAGE_SIZE
 
 POOL_SIZE = 4
 LEASE_TIMEOUT = 5.0
@@ -58,10 +60,16 @@ MAX_SECONDS = 1_000_000.0
 #: and a shorter wait only floods the worker with duplicates.
 MIN_CONFIRM_RETRY = 0.1
 
-#: Worker defaults.
+#: Worker defaults (:class:`WorkerSettings`).
 CONCURRENCY = 100
 GRACEFUL_TIMEOUT = 30.0
 BIND = "tcp://127.0.0.1:5555"
+WORKER_HWM = 1000
+JOURNAL_SYNC = "NORMAL"
+JOURNAL_BUSY_TIMEOUT = 30.0
+KEEP_DONE = 3600.0
+KEEP_DEAD = 7 * 86400.0
+HARD_GRACE = 5.0
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -172,6 +180,94 @@ class ClientSettings:
         """A copy with the given fields replaced (``None`` means "keep"), checked like :meth:`from_env`."""
         merged = {**dataclasses.asdict(self), **{key: value for key, value in overrides.items() if value is not None}}
         return ClientSettings.from_env(env={}, **merged)
+
+
+def _journal_sync(name: str, value: Any) -> str:
+    text = str(value).upper()
+    if text not in ("NORMAL", "FULL"):
+        raise ConfigurationError(f"{name} must be NORMAL or FULL (SQLite's synchronous), got {value!r}", setting=name)
+    return text
+
+
+def _bind(name: str, value: Any) -> str:
+    parse_endpoint(value, allow_zero=True)
+    return str(value).strip()
+
+
+def _optional_path(name: str, value: Any) -> Any:
+    if value is not None and not (isinstance(value, str) and value):
+        raise ConfigurationError(f"{name} must be a path or None, got {value!r}", setting=name)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """Resolved settings of one worker process (``zqsync worker`` builds them once from its flags).
+
+    :ivar bind: base endpoint ``tcp://HOST:PORT``; jobs bind PORT and calls PORT+1; PORT 0 picks a free pair.
+    :ivar concurrency: task slots (greenlets), at least 1.
+    :ivar graceful_timeout: seconds a warm shutdown waits for in-flight tasks.
+    :ivar hwm: receive high-water mark of the jobs and rpc sockets, messages.
+    :ivar max_message_size: bytes; larger frames are refused by ZeroMQ (``ZMQ_MAXMSGSIZE``).
+    :ivar state_dir: directory of the journal of confirmed jobs; ``None`` refuses confirmed jobs.
+    :ivar journal_sync: SQLite ``synchronous``, ``"NORMAL"`` or ``"FULL"``.
+    :ivar journal_busy_timeout: seconds to wait for another process's journal write lock.
+    :ivar keep_done: seconds ``done`` rows stay journaled (duplicate detection, results).
+    :ivar keep_dead: seconds dead-lettered rows stay journaled.
+    :ivar hard_grace: seconds past a task's time limit before a blocked worker process ends (``watchdog.py``).
+    :ivar curve_secret_key: the worker's ``.key_secret`` file; with ``allow_client_keys``, CURVE only.
+    :ivar allow_client_keys: directory of allowed client public keys (``*.key``).
+
+    Every field is checked when the object is built, by the same validators
+    the client's settings use. :raises ConfigurationError: naming the field.
+    """
+
+    bind: str = BIND
+    concurrency: int = CONCURRENCY
+    graceful_timeout: float = GRACEFUL_TIMEOUT
+    hwm: int = WORKER_HWM
+    max_message_size: int = MAX_MESSAGE_SIZE
+    state_dir: Optional[str] = None
+    journal_sync: str = JOURNAL_SYNC
+    journal_busy_timeout: float = JOURNAL_BUSY_TIMEOUT
+    keep_done: float = KEEP_DONE
+    keep_dead: float = KEEP_DEAD
+    hard_grace: float = HARD_GRACE
+    curve_secret_key: Optional[str] = None
+    allow_client_keys: Optional[str] = None
+
+    _CHECKS = {
+        "bind": _bind,
+        "concurrency": _positive_int,
+        "graceful_timeout": _seconds,
+        "hwm": lambda n, v: _positive_int(n, v, 0),
+        "max_message_size": _positive_int,
+        "state_dir": _optional_path,
+        "journal_sync": _journal_sync,
+        "journal_busy_timeout": _seconds,
+        "keep_done": _seconds,
+        "keep_dead": _seconds,
+        "hard_grace": _deadline,
+        "curve_secret_key": _optional_path,
+        "allow_client_keys": _optional_path,
+    }
+
+    def __post_init__(self) -> None:
+        for field, check in self._CHECKS.items():
+            object.__setattr__(self, field, check(field, getattr(self, field)))  # type: ignore[operator]
+        if bool(self.curve_secret_key) != bool(self.allow_client_keys):
+            raise ConfigurationError("CURVE needs both a secret key and a directory of allowed client keys",
+                                     setting="curve_secret_key")
+
+    def replace(self, **overrides: Any) -> "WorkerSettings":
+        """A copy with ``overrides`` (field names; ``None`` keeps a field), checked again.
+
+        :raises ConfigurationError: an unknown field or a bad value.
+        """
+        unknown = set(overrides) - set(self._CHECKS)
+        if unknown:
+            raise ConfigurationError(f"unknown worker settings: {sorted(unknown)}", setting=sorted(unknown)[0])
+        return dataclasses.replace(self, **{key: value for key, value in overrides.items() if value is not None})
 
 
 def default_endpoint(env: Mapping[str, str] | None = None) -> list[str]:

@@ -35,7 +35,7 @@ def echo(sock: zmq.Socket, value: str) -> str:
 def test_a_socket_closed_inside_a_clean_lease_is_never_parked(zq_peer):
     """Rule 4: the next lease gets a new socket (a new identity at the peer), not the closed one."""
     peer = zq_peer()
-    pool = zqsync.SocketPool(zmq.DEALER, maxsize=1)
+    pool = zqsync.SocketPool(zmq.DEALER, pool_size=1)
     try:
         with pool.lease(rpc(peer.endpoint)) as sock:
             assert echo(sock, "a") == "a"
@@ -50,7 +50,7 @@ def test_a_socket_closed_inside_a_clean_lease_is_never_parked(zq_peer):
 def test_a_busy_peer_never_stalls_a_lease_to_another_peer(zq_peer):
     """Rule 6: with the cap at 1 and peer A's only socket leased, a lease to peer B is immediate."""
     peer_a, peer_b = zq_peer(), zq_peer()
-    pool = zqsync.SocketPool(zmq.DEALER, maxsize=1)
+    pool = zqsync.SocketPool(zmq.DEALER, pool_size=1)
     holding = gevent.event.Event()
     release = gevent.event.Event()
 

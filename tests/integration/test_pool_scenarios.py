@@ -338,7 +338,7 @@ def test_budget_over_max_sockets_warns_naming_both_knobs_for_pool_and_client():
     """S11: pool size x peers above the context's MAX_SOCKETS warns at construction, naming
     ZQSYNC_POOL_SIZE and ZQSYNC_MAX_SOCKETS, for a bare pool and for a client."""
     with pytest.warns(zqsync.ZqsyncWarning) as pool_warning:
-        zqsync.SocketPool(zmq.DEALER, maxsize=4, max_sockets=8, peers=3).close()
+        zqsync.SocketPool(zmq.DEALER, pool_size=4, max_sockets=8, peers=3).close()
     with pytest.warns(zqsync.ZqsyncWarning) as client_warning:
         endpoints = [absent_endpoint() for _ in range(3)]
         zqsync.Client(endpoints, pool_size=4, max_sockets=8).close()
@@ -357,7 +357,7 @@ def test_leasing_past_max_sockets_raises_pool_error_and_the_process_carries_on(z
     rpc = split_endpoint(peer.endpoint)[1]
     addresses = [rpc] + [split_endpoint(absent_endpoint())[1] for _ in range(2)]
     with pytest.warns(zqsync.ZqsyncWarning):
-        pool = zqsync.SocketPool(zmq.DEALER, maxsize=4, max_sockets=8, peers=3)
+        pool = zqsync.SocketPool(zmq.DEALER, pool_size=4, max_sockets=8, peers=3)
     release = gevent.event.Event()
     held: list = []
 
@@ -402,7 +402,7 @@ def test_eleventh_lease_on_a_pool_capped_at_two_raises_an_actionable_error_after
     forever; another address is not stalled (rule 6); the ten all get their turn."""
     peer = zq_peer()
     rpc = split_endpoint(peer.endpoint)[1]
-    pool = zqsync.SocketPool(zmq.DEALER, maxsize=2, lease_timeout=30.0)
+    pool = zqsync.SocketPool(zmq.DEALER, pool_size=2, lease_timeout=30.0)
     release = gevent.event.Event()
     holding: list = []
 

@@ -33,25 +33,15 @@ class Client:
 
     :param endpoints: a worker's base endpoint ``"tcp://HOST:PORT"``, or a
         list of them; ZeroMQ balances across the workers that are connected.
-    :param pool_size: sockets per (process, hub or thread, endpoint set);
-        default ``ZQSYNC_POOL_SIZE`` (4).
-    :param call_timeout: default ``call`` deadline, seconds; default
-        ``ZQSYNC_CALL_TIMEOUT`` (10.0).
-    :param send_timeout: ``enqueue`` deadline under BLOCK, seconds; default
-        ``ZQSYNC_SEND_TIMEOUT`` (1.0).
-    :param congestion: ``CongestionControl.BLOCK`` or ``DROP`` (or
-        ``"block"``/``"drop"``); default ``ZQSYNC_CONGESTION`` (block).
-    :param wait_before_drop: DROP's wait before dropping, seconds; default
-        ``ZQSYNC_WAIT_BEFORE_DROP`` (0.001).
-    :param linger: seconds ``close()`` lets queued jobs flush; default ``ZQSYNC_LINGER`` (1.0).
-    :param hwm: high-water mark per socket, messages; default ``ZQSYNC_HWM`` (1000).
-    :param max_sockets: the pools' context ``MAX_SOCKETS``; default ``ZQSYNC_MAX_SOCKETS``.
-    :param lease_timeout: bound on waiting for a pooled socket, seconds;
-        default ``ZQSYNC_LEASE_TIMEOUT`` (5.0).
-    :param confirm_timeout: deadline of ``confirm=True`` enqueues, seconds;
-        default ``ZQSYNC_CONFIRM_TIMEOUT`` (10.0).
-    :param confirm_retry: seconds one confirm attempt waits for its
-        acknowledgement before retrying; default ``ZQSYNC_CONFIRM_RETRY`` (1.0).
+    :param settings: a :class:`~zqsync.settings.ClientSettings` for this
+        client and its pools; default: ``ZQSYNC_*`` environment variables,
+        then the defaults (the table in ``zqsync/settings.py``).
+    :param overrides: ``ClientSettings`` fields that replace those of
+        ``settings``: ``pool_size`` (sockets per process, hub or thread, and
+        endpoint set), ``call_timeout``, ``send_timeout``, ``confirm_timeout``,
+        ``confirm_retry``, ``lease_timeout``, ``linger``, ``wait_before_drop``
+        (seconds), ``congestion`` (``CongestionControl`` or ``"block"``/``"drop"``),
+        ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``.
     :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
@@ -69,18 +59,9 @@ class Client:
         self,
         endpoints: Union[str, Sequence[str]],
         *,
-        pool_size: Optional[int] = None,
-        call_timeout: Optional[float] = None,
-        send_timeout: Optional[float] = None,
-        congestion: Union[CongestionControl, str, None] = None,
-        wait_before_drop: Optional[float] = None,
-        linger: Optional[float] = None,
-        hwm: Optional[int] = None,
-        max_sockets: Optional[int] = None,
-        lease_timeout: Optional[float] = None,
-        confirm_timeout: Optional[float] = None,
-        confirm_retry: Optional[float] = None,
+        settings: Optional[ClientSettings] = None,
         curve: Optional[Curve] = None,
+        **overrides: Any,
     ) -> None:
         names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not names:
@@ -92,19 +73,7 @@ class Client:
         rpc = tuple(rpc for _, rpc in pairs)
         self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
         self._rpc_endpoints = rpc
-        self.settings = ClientSettings.from_env(
-            pool_size=pool_size,
-            call_timeout=call_timeout,
-            send_timeout=send_timeout,
-            congestion=congestion,
-            wait_before_drop=wait_before_drop,
-            linger=linger,
-            hwm=hwm,
-            max_sockets=max_sockets,
-            lease_timeout=lease_timeout,
-            confirm_timeout=confirm_timeout,
-            confirm_retry=confirm_retry,
-        )
+        self.settings = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
         self._push = SocketPool(zmq.PUSH, settings=self.settings, peers=len(pairs), options=options)

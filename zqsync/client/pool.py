@@ -15,7 +15,7 @@ rule numbers below refer to it.
   greenlet queued nothing, since ZeroMQ takes a frame whole or not at all),
   and only a ``zmq.ZMQError`` discards it, with the normal linger.
 * A closed socket is never parked; a full bucket closes the surplus (rule 4).
-* At most ``maxsize`` sockets per ``(owner, address)`` are in flight; excess
+* At most ``pool_size`` sockets per ``(owner, address)`` are in flight; excess
   callers wait on a per-address permit, bounded by ``lease(timeout=)``
   (rules 5 and 6).
 * A lease inside a lease raises, on one pool or across pools (rule 7).
@@ -89,43 +89,37 @@ class SocketPool:
     """A pool of connected sockets of one type, keyed per owner and per address.
 
     :param socket_type: ``zmq.PUSH`` or ``zmq.DEALER`` (any connecting type works).
-    :param maxsize: sockets per ``(owner, address)``, in flight and idle; at
-        least 1. Default ``ZQSYNC_POOL_SIZE`` (4).
-    :param lease_timeout: default bound, seconds, on waiting for a free slot.
-        Default ``ZQSYNC_LEASE_TIMEOUT`` (5.0).
-    :param linger: seconds a cleanly closed socket may spend flushing queued
-        messages. Default ``ZQSYNC_LINGER`` (1.0). A DEALER discarded after an
-        error uses 0 (rule 3).
-    :param hwm: send and receive high-water mark, messages. Default ``ZQSYNC_HWM``.
-    :param max_sockets: the context's ``MAX_SOCKETS``. Default ``ZQSYNC_MAX_SOCKETS``.
+    :param settings: the :class:`~zqsync.settings.ClientSettings` the pool
+        reads (a client passes its own); default: ``ZQSYNC_*`` variables, then
+        the defaults. The pool uses ``pool_size`` (sockets per ``(owner,
+        address)``, in flight and idle), ``lease_timeout`` (seconds, the default
+        bound on waiting for a free slot), ``linger`` (seconds a cleanly closed
+        socket may spend flushing; a DEALER discarded after an error uses 0,
+        rule 3), ``hwm`` (messages), ``max_sockets`` (the context's
+        ``MAX_SOCKETS``), ``heartbeat`` and ``connect_timeout``.
+    :param overrides: any of those fields, replacing the value in ``settings``.
     :param peers: addresses this pool is expected to dial, for the budget warning.
     :param options: extra ``{zmq option: value}`` applied to every new socket.
 
     Sockets are ``zmq.green`` sockets when the caller runs under a gevent hub,
     plain ``zmq`` sockets otherwise. The pool is safe to share across threads,
     hubs and forks. Construction emits :class:`ZqsyncWarning` when
-    ``maxsize * peers`` exceeds ``max_sockets``.
+    ``pool_size * peers`` exceeds ``max_sockets``.
     """
 
     def __init__(
         self,
         socket_type: int,
         *,
-        maxsize: Optional[int] = None,
-        lease_timeout: Optional[float] = None,
-        linger: Optional[float] = None,
-        hwm: Optional[int] = None,
-        max_sockets: Optional[int] = None,
+        settings: Optional[ClientSettings] = None,
         peers: int = 1,
         options: Optional[dict[int, Any]] = None,
-        settings: Optional[ClientSettings] = None,
+        **overrides: Any,
     ) -> None:
-        resolved = (settings or ClientSettings.from_env()).with_overrides(
-            pool_size=maxsize, lease_timeout=lease_timeout, linger=linger, hwm=hwm, max_sockets=max_sockets
-        )
+        resolved = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
         self.socket_type = socket_type
         self.send_only = socket_type in SEND_ONLY
-        self.maxsize = resolved.pool_size
+        self.pool_size = resolved.pool_size
         self.lease_timeout = resolved.lease_timeout
         self.max_sockets = resolved.max_sockets
         self._linger_ms = int(resolved.linger * 1000)
@@ -199,11 +193,11 @@ class SocketPool:
         return context
 
     def _check_budget(self, peers: int) -> None:
-        if self._warned_budget or self.maxsize * peers <= self.max_sockets:
+        if self._warned_budget or self.pool_size * peers <= self.max_sockets:
             return
         self._warned_budget = True
         warnings.warn(
-            f"SocketPool may need {self.maxsize} x {peers} = {self.maxsize * peers} sockets, "
+            f"SocketPool may need {self.pool_size} x {peers} = {self.pool_size * peers} sockets, "
             f"more than the context's MAX_SOCKETS {self.max_sockets}: lower ZQSYNC_POOL_SIZE "
             "or raise ZQSYNC_MAX_SOCKETS (and ulimit -n); leases past the budget raise PoolError",
             ZqsyncWarning,
@@ -218,7 +212,7 @@ class SocketPool:
         :param address: an endpoint such as ``"tcp://127.0.0.1:5556"``, or a
             tuple of endpoints that one socket connects to (ZeroMQ then
             balances across them).
-        :param timeout: seconds to wait for a free slot when ``maxsize``
+        :param timeout: seconds to wait for a free slot when ``pool_size``
             sockets to this address are already leased by this owner.
             Default: the pool's ``lease_timeout``.
         :returns: a context manager yielding the socket. On a clean exit the
@@ -268,8 +262,8 @@ class SocketPool:
         if not acquired:
             raise PoolError(
                 f"no pooled socket to {address!r} came free within {timeout:.3f} s: "
-                f"{self.maxsize} are in use by this process/hub. Raise ZQSYNC_POOL_SIZE "
-                "(or maxsize=), lower concurrency, or pass a longer lease timeout"
+                f"{self.pool_size} are in use by this process/hub. Raise ZQSYNC_POOL_SIZE "
+                "(or pool_size=), lower concurrency, or pass a longer lease timeout"
             )
 
     def _register(self, key: tuple, owner: Owner, address: Address) -> Any:
@@ -279,7 +273,7 @@ class SocketPool:
                 if owner.key not in self._owners:
                     self._sweep_dead_owners()
                     self._owners[owner.key] = owner
-                permits = self._permits[key] = new_permits(owner, self.maxsize)
+                permits = self._permits[key] = new_permits(owner, self.pool_size)
                 if address not in self._addresses:
                     self._addresses.add(address)
                     self._check_budget(len(self._addresses))
@@ -394,7 +388,7 @@ class SocketPool:
             if sock.closed:
                 self._forget(sock)
                 return
-            if self._closed or len(bucket) >= self.maxsize:
+            if self._closed or len(bucket) >= self.pool_size:
                 surplus = sock
                 self._stats["discarded_full"] += 1
                 self._forget(sock)
@@ -522,7 +516,7 @@ class SocketPool:
         return min(sent, self._hwm * endpoints) if self._hwm else sent
 
     def __repr__(self) -> str:
-        return f"<SocketPool type={self.socket_type} maxsize={self.maxsize} pid={self._pid}>"
+        return f"<SocketPool type={self.socket_type} pool_size={self.pool_size} pid={self._pid}>"
 
 
 def _kill_copied_greenlets(doomed: list[Any]) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import atexit
-import inspect
+import dataclasses
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..client.client import Client
 from ..errors import ConfigurationError
+from ..settings import ClientSettings
 from ..wire.curve import Curve
 
 #: Seconds a client may spend flushing queued jobs when the process exits.
@@ -39,7 +40,7 @@ def client_options(options: Optional[Mapping[str, Any]], *, setting: str) -> dic
     :raises ConfigurationError: an option ``Client`` does not take, or a bad ``curve``.
     """
     options = dict(options or {})
-    accepted = set(inspect.signature(Client.__init__).parameters) - {"self", "endpoints"}
+    accepted = {field.name for field in dataclasses.fields(ClientSettings)} | {"curve"}
     unknown = sorted(set(options) - accepted)
     if unknown:
         raise ConfigurationError(

@@ -33,6 +33,7 @@ import gevent.lock
 import gevent.pool
 import gevent.queue
 
+from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope as protocol
 from .journal import ALONE, DIED, SHARED, Journal, JournalGone, Outcome, Row, Start
@@ -47,8 +48,6 @@ MAX_BATCH = 1000
 REPLAY_BATCH = 500
 #: Longest wait, seconds, between retries of a failing journal operation.
 MAX_RETRY_DELAY = 10.0
-#: Default retention of ``done`` and ``dead`` rows, seconds.
-KEEP_DONE, KEEP_DEAD = 3600.0, 7 * 86400.0
 
 
 class Job(NamedTuple):
@@ -100,8 +99,8 @@ class JobScheduler:
         slots: gevent.pool.Pool,
         *,
         journal: Optional[Journal] = None,
-        keep_done: float = KEEP_DONE,
-        keep_dead: float = KEEP_DEAD,
+        keep_done: float = settings.KEEP_DONE,
+        keep_dead: float = settings.KEEP_DEAD,
         replay_interval: float = 0.5,
         max_backlog: int = 1000,
     ) -> None:

@@ -61,9 +61,10 @@ import zmq
 import zmq.green
 import zmq.utils.monitor
 
-from .. import _common, settings
-from ..errors import ConfigurationError, ProtocolError, WorkerShutdown
-from ..wire.envelope import MAX_MESSAGE_SIZE, encode_error
+from .. import _common
+from ..errors import ProtocolError, WorkerShutdown
+from ..settings import WorkerSettings
+from ..wire.envelope import encode_error
 from .auth import GeventAuthenticator
 from .binding import bind_pair
 from .registry import Registry
@@ -98,28 +99,18 @@ class Worker:
     """A zqsync worker serving one registry.
 
     :param registry: the tasks to run.
-    :param bind: base endpoint ``tcp://HOST:PORT``; jobs bind PORT and rpc
-        PORT+1. PORT ``0`` picks a free pair.
-    :param concurrency: task slots (greenlets), at least 1.
-    :param graceful_timeout: seconds a warm shutdown waits for in-flight tasks.
+    :param settings: a :class:`~zqsync.settings.WorkerSettings` (bind endpoint,
+        concurrency, graceful timeout, HWM, journal, CURVE, ...); default: its defaults.
     :param ready_file: a path where the bound base endpoint is written once
         the worker is listening (for supervisors and tests).
-    :param max_message_size: bytes; larger frames are refused by ZeroMQ
-        (``ZMQ_MAXMSGSIZE``).
-    :param hwm: receive high-water mark of both sockets, messages.
     :param parent_pid: if given, shut down (warm) once this process is no
         longer the worker's parent, i.e. when whoever started it died without
         stopping it. Checked every second.
-    :param state_dir: directory of the journal of confirmed jobs; ``None``
-        refuses confirmed jobs.
-    :param journal_sync: SQLite ``synchronous`` level, ``"NORMAL"`` or ``"FULL"``.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
         binding (set by the prefork supervisor).
-    :param curve_secret_key: the worker's ``.key_secret`` file: both sockets
-        then accept only CURVE clients whose public key is in ``allow_client_keys``.
-    :param allow_client_keys: directory of allowed client public keys (``*.key``).
-    :param journal_options: more :func:`~zqsync.worker.scheduler.build_scheduler` options
-        (``busy_timeout``, ``keep_done``, ``keep_dead`` seconds, ...).
+    :param overrides: :class:`~zqsync.settings.WorkerSettings` fields that
+        replace those of ``settings`` (``Worker(registry, concurrency=4)``).
+    :raises ConfigurationError: an unknown or invalid setting, naming it.
 
     Must run in a process with a gevent hub; ``zqsync worker`` monkey-patches
     first, as gunicorn's gevent worker does.
@@ -129,52 +120,43 @@ class Worker:
         self,
         registry: Registry,
         *,
-        bind: str = settings.BIND,
-        concurrency: int = settings.CONCURRENCY,
-        graceful_timeout: float = settings.GRACEFUL_TIMEOUT,
+        settings: Optional[WorkerSettings] = None,
         ready_file: Optional[str] = None,
-        max_message_size: int = MAX_MESSAGE_SIZE,
-        hwm: int = settings.HWM,
         parent_pid: Optional[int] = None,
-        state_dir: Optional[str] = None,
-        journal_sync: str = "NORMAL",
         backend: Optional[tuple[str, str]] = None,
-        curve_secret_key: Optional[str] = None,
-        allow_client_keys: Optional[str] = None,
-        journal_options: Optional[dict[str, Any]] = None,
+        **overrides: Any,
     ) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError(f"concurrency must be an integer >= 1, got {concurrency!r}", setting="concurrency")
+        self.settings = (settings or WorkerSettings()).replace(**overrides)
         self.registry = registry
-        self.bind_address = bind
-        self.concurrency = concurrency
-        self.graceful_timeout = float(graceful_timeout)
+        self.bind_address = self.settings.bind
+        self.concurrency = self.settings.concurrency
+        self.graceful_timeout = self.settings.graceful_timeout
         self.ready_file = ready_file
-        self.max_message_size = max_message_size
-        self.hwm = hwm
+        self.max_message_size = self.settings.max_message_size
+        self.hwm = self.settings.hwm
         self.parent_pid = parent_pid
         self.backend = backend
-        if bool(curve_secret_key) != bool(allow_client_keys):
-            raise ConfigurationError("CURVE needs both a secret key and a directory of allowed client keys",
-                                     setting="curve_secret_key")
-        self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
+        self.curve_secret_key, self.allow_client_keys = self.settings.curve_secret_key, self.settings.allow_client_keys
         self._authenticator: Any = None
         self.endpoint: Optional[str] = None
-        self.watchdog = Watchdog()
+        self.watchdog = Watchdog(hard_grace=self.settings.hard_grace)
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
                              watchdog=self.watchdog)
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.connections: dict[str, int] = {}
         self.started_at = time.time()
-        self._slots = gevent.pool.Pool(concurrency)
+        self._slots = gevent.pool.Pool(self.concurrency)
         self._calls = gevent.pool.Group()
         self._backlog: collections.deque[bytes] = collections.deque()
         self._stopping = False
         self._replied_at = 0.0
         self._admissions = gevent.pool.Pool(ADMISSIONS)
-        self.scheduler = build_scheduler(self.runner, self._slots, state_dir, synchronous=journal_sync,
-                                         **(journal_options or {}))
+        self.scheduler = build_scheduler(
+            self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
+            busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
+            keep_dead=self.settings.keep_dead,
+        )
         self._signals: list[int] = []
         self._wakeup = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
