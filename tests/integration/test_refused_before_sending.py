@@ -10,9 +10,9 @@ import time
 import pytest
 
 import zqsync
+from tests.helpers import wait_for
 from zqsync import protocol
 from zqsync.processes import ProcessFailed
-from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
