@@ -244,9 +244,17 @@ def fuzz_message(rng: random.Random) -> tuple[str, list[bytes]]:
 
 
 def frame_of_size(size: int, kind: str = "job", task: str = "echo") -> bytes:
-    """A valid request of exactly ``size`` bytes (>= 70 000): one bytes argument pads it."""
-    probe = envelope.encode_request(kind, "big", task, [b"\0" * 65536])
-    return envelope.encode_request(kind, "big", task, [b"\0" * (size - (len(probe) - 65536))])
+    """A well-formed request of exactly ``size`` bytes (>= 70 000): one bytes argument pads it.
+
+    Packed directly, not with ``encode_request``, which refuses frames over
+    the limit before sending: the fuzzer sends them to see the worker refuse them too.
+    """
+
+    def pack(padding: int) -> bytes:
+        return envelope._pack({"v": envelope.VERSION, "id": "big", "kind": kind, "task": task,
+                               "args": [b"\0" * padding], "kwargs": {}})
+
+    return pack(size - (len(pack(65536)) - 65536))
 
 
 # -- raw TCP, below ZeroMQ -----------------------------------------------------

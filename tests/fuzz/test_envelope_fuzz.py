@@ -195,7 +195,10 @@ def test_nesting_up_to_max_depth_round_trips_and_one_more_level_is_refused():
     request = envelope.decode_request(envelope.encode_request("call", "a", "t", nest_lists(depth), {"k": nest_lists(depth - 1)}))
     assert same(request.args, nest_lists(depth)) and same(request.kwargs, {"k": nest_lists(depth - 1)})
     for args, kwargs in ((nest_lists(depth + 1), {}), ((), {"k": nest_lists(depth)})):
-        refuses(envelope.decode_request, envelope.encode_request("call", "a", "t", args, kwargs))
+        with pytest.raises(ProtocolError, match="MAX_DEPTH"):  # the client refuses it before sending, too
+            envelope.encode_request("call", "a", "t", args, kwargs)
+        frame = envelope._pack({"v": 1, "id": "a", "kind": "call", "task": "t", "args": list(args), "kwargs": kwargs})
+        refuses(envelope.decode_request, frame)
 
 
 @fuzz_settings
