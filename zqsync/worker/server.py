@@ -233,7 +233,7 @@ class Worker:
         for sock in self._sockets:
             _common.disown(sock)
         _common.orphans.append(self._context)
-        copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(),
+        copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
                   *self._slots.greenlets, *self._admissions.greenlets]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:

@@ -92,6 +92,7 @@ class Watchdog:
         self._stopped = False
         self._ticker: Optional[gevent.Greenlet] = None
         self._armed_until: Optional[float] = None
+        self._pid = os.getpid()
 
     def start(self) -> None:
         """Install the soft-limit signal handler, and start the hub's ticker and the watching thread."""
@@ -104,7 +105,12 @@ class Watchdog:
         self._stopped = True
         if self._ticker is not None:
             self._ticker.kill(block=False)
-        faulthandler.cancel_dump_traceback_later()
+        if self._pid == os.getpid():
+            faulthandler.cancel_dump_traceback_later()
+
+    def greenlets(self) -> list[gevent.Greenlet]:
+        """The ticker greenlet, if started (a forked child kills its copy)."""
+        return [self._ticker] if self._ticker is not None else []
 
     def enter(self, name: str, time_limit: Optional[float]) -> None:
         """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit)."""
@@ -127,7 +133,13 @@ class Watchdog:
             gevent.sleep(self.interval)
 
     def _arm(self, now: float) -> None:
-        """Point the hard-limit timer at the earliest hard deadline of the running tasks, or disarm it."""
+        """Point the hard-limit timer at the earliest hard deadline of the running tasks, or disarm it.
+
+        Never in a child forked by a task: faulthandler's timer thread did not
+        survive the fork, and re-arming (or cancelling) waits for that thread forever.
+        """
+        if self._pid != os.getpid():
+            return
         earliest = min((running.hard for running in self._running.values()), default=None)
         if earliest is None:
             if self._armed_until is not None:
