@@ -33,10 +33,13 @@ Residual window, honestly: jobs a client had queued to this worker that had
 not reached its process when the connection closed (the client's own
 queue for it and both kernels' socket buffers) are lost, and neither side
 can count them: libzmq drops a disconnected pipe (``ZMQ_IMMEDIATE``) and the
-kernel resets a connection closed with unread data. Under a steady stream to
-a worker that keeps up this is a few jobs at most; behind a worker whose
-queues are full it is what the buffers hold (tens of thousands of small jobs
-on loopback, measured). Confirmed jobs have no such window.
+kernel resets a connection closed with unread data (``TCPAbortOnClose``).
+Under a stream to a worker that keeps up this is what was in flight at that
+instant (none in most test runs, up to 98 with bursts of 200 jobs); behind a
+worker whose queues are full it is what the buffers hold (25,000-45,000
+100-byte jobs on loopback, measured, most in the client's kernel send
+buffer). Reading the queue fast before unbinding does not shrink it: the
+client refills as fast. Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
