@@ -145,3 +145,22 @@ def test_a_worker_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_p
     print(f"accepted {sender.accepted}, executed {len(ran)}, discarded (logged) {discarded}, lost {lost}")
     assert len(set(ran)) == len(ran)
     assert 0 <= lost <= BURST
+
+
+def test_a_stopping_worker_answers_its_in_flight_call_and_refuses_new_ones_at_once(zq_worker):
+    worker = zq_worker(extra_args=["--graceful-timeout", "20"])
+    outcome: dict = {}
+    with zqsync.Client(worker.endpoint, call_timeout=10.0) as client:
+        caller = threading.Thread(target=lambda: outcome.update(value=client.call("sleep", 2.0)))
+        caller.start()
+        wait_for(lambda: worker.stats()["in_flight"] == 1, what="the call to be running")
+        worker.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "warm shutdown" in worker.output(), what="the warm shutdown")
+        started = time.monotonic()
+        with pytest.raises(zqsync.RemoteError) as refused:
+            client.call("echo", "late")
+        assert refused.value.remote_type == "WorkerStopping"
+        assert time.monotonic() - started < 2.0
+        caller.join(30)
+    assert outcome == {"value": 2.0}
+    assert worker.proc.wait(30) == 0

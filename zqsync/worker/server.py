@@ -375,12 +375,15 @@ class Worker:
         rpc = gevent.spawn(self._retire_rpc)
         if warm and (len(self._slots) or self._backlog):
             self._finish_in_flight()
-        self._discard_backlog()
+        self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
         self._admissions.join(timeout=5.0)
         if len(self._slots):
             log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
             self._slots.kill(timeout=1.0)
         rpc.join(timeout=5.0 + REPLY_DRAIN)
+        if not self.rpc.closed:
+            rpc.kill()
+            self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
         if not self.backend:
@@ -419,13 +422,12 @@ class Worker:
                 except zmq.Again:
                     break
 
-    def _discard_backlog(self) -> None:
+    def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
             count = len(self._backlog)
             self._backlog.clear()
             self.runner.counters["jobs_discarded_on_stop"] += count
-            log.warning("discarded %d queued plain jobs on shutdown (not started within the %.1f s grace period)",
-                        count, self.graceful_timeout)
+            log.warning("discarded %d queued plain jobs on shutdown (%s)", count, reason)
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
