@@ -35,10 +35,10 @@ queue for it and both kernels' socket buffers) are lost, and neither side
 can count them: libzmq drops a disconnected pipe (``ZMQ_IMMEDIATE``) and the
 kernel resets a connection closed with unread data (``TCPAbortOnClose``).
 Under a stream to a worker that keeps up this is what was in flight at that
-instant (none in most test runs, up to 98 with bursts of 200 jobs); behind a
-worker whose queues are full it is what the buffers hold (25,000-45,000
-100-byte jobs on loopback, measured, most in the client's kernel send
-buffer). Reading the queue fast before unbinding does not shrink it: the
+instant (none in most test runs, up to 98 with bursts of 200 jobs; ~1,000
+from a client sending flat out); behind a worker whose queues are full it is
+what the buffers hold (25,000-48,500 100-byte jobs on loopback, most in the
+client's kernel send buffer: ``benchmarks/unbind_experiment.py``). Reading the queue fast before unbinding does not shrink it: the
 client refills as fast. Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
