@@ -168,6 +168,7 @@ class Worker:
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(concurrency)
         self._calls = gevent.pool.Group()
+        self._calls_waiting = 0
         self._backlog: collections.deque[bytes] = collections.deque()
         self._stopping = False
         self._replied_at = 0.0
@@ -323,7 +324,11 @@ class Worker:
             elif decoded[0].kind == "confirm":
                 self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
             else:
-                self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
+                self._calls_waiting += 1  # spawning waits for a free slot
+                try:
+                    self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
+                finally:
+                    self._calls_waiting -= 1
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
@@ -431,7 +436,8 @@ class Worker:
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
-        self._calls.join()
+        while len(self._calls) or self._calls_waiting:
+            self._calls.join(timeout=0.05)
         self._admissions.join(timeout=5.0)
         # Closing a TCP socket with unread input (a client's heartbeat, say)
         # makes the kernel send RST, and a client that had not yet read our
