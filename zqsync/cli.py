@@ -112,12 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=_positive_int, default=settings.CONCURRENCY,
                         help=f"task slots (greenlets) per worker process (default: {settings.CONCURRENCY})")
     worker.add_argument("--graceful-timeout", type=_seconds, default=settings.GRACEFUL_TIMEOUT,
-                        help="seconds a TERM/INT waits for in-flight tasks before killing them "
+                        help="seconds a TERM/INT waits for in-flight tasks and queued jobs; then it kills "
+                        "the tasks and counts and logs the jobs it discards "
                         f"(default: {settings.GRACEFUL_TIMEOUT})")
     worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
     worker.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                         help="run N worker processes behind --bind under a prefork supervisor that restarts "
-                        "crashed ones (default: a single process, no supervisor)")
+                        "crashed ones; kill -HUP replaces them one at a time, losing no job "
+                        "(default: a single process, no supervisor)")
     worker.add_argument("--state-dir", metavar="DIR",
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")

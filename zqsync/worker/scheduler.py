@@ -138,16 +138,16 @@ class JobScheduler:
         gevent.killall(self._greenlets[:1])
 
     def discard_plain_pending(self) -> int:
-        """After :meth:`pause`: count and log the plain jobs still waiting for a retry or a slot.
+        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry or a slot.
 
         They are kept only in memory, so they are lost with the process; confirmed
-        ones stay pending in the journal. Returns how many were discarded.
+        ones stay pending in the journal. Returns how many there are.
         """
         waiting = [timer.args[0] for timer in self._timers] + list(self._ready.queue)
         plain = [job for job in waiting if not job.durable]
-        self._timers.clear()
         if plain:
-            self.runner.counters["jobs_discarded_on_stop"] = self.runner.counters.get("jobs_discarded_on_stop", 0) + len(plain)
+            counters = self.runner.counters
+            counters["jobs_discarded_on_stop"] = counters.get("jobs_discarded_on_stop", 0) + len(plain)
             log.warning("dropped %d pending plain job retr%s on shutdown (kept only in memory): %s", len(plain),
                         "y" if len(plain) == 1 else "ies", ", ".join(f"{job.request.id} ({job.task.name})" for job in plain))
         return len(plain)

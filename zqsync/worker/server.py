@@ -33,10 +33,13 @@ Residual window, honestly: jobs a client had queued to this worker that had
 not reached its process when the connection closed (the client's own
 queue for it and both kernels' socket buffers) are lost, and neither side
 can count them: libzmq drops a disconnected pipe (``ZMQ_IMMEDIATE``) and the
-kernel resets a connection closed with unread data. Under a steady stream to
-a worker that keeps up this is a few jobs at most; behind a worker whose
-queues are full it is what the buffers hold (tens of thousands of small jobs
-on loopback, measured). Confirmed jobs have no such window.
+kernel resets a connection closed with unread data (``TCPAbortOnClose``).
+Under a stream to a worker that keeps up this is what was in flight at that
+instant (none in most test runs, up to 98 with bursts of 200 jobs; ~1,000
+from a client sending flat out); behind a worker whose queues are full it is
+what the buffers hold (25,000-48,500 100-byte jobs on loopback, most in the
+client's kernel send buffer: ``benchmarks/unbind_experiment.py``). Reading the queue fast before unbinding does not shrink it: the
+client refills as fast. Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
@@ -148,6 +151,7 @@ class Worker:
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(self.concurrency)
         self._calls = gevent.pool.Group()
+        self._calls_waiting = 0
         self._backlog: collections.deque[bytes] = collections.deque()
         self._stopping = False
         self._replied_at = 0.0
@@ -304,7 +308,11 @@ class Worker:
             elif decoded[0].kind == "confirm":
                 self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
             else:
-                self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
+                self._calls_waiting += 1  # spawning waits for a free slot
+                try:
+                    self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
+                finally:
+                    self._calls_waiting -= 1
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
@@ -357,12 +365,15 @@ class Worker:
         rpc = gevent.spawn(self._retire_rpc)
         if warm and (len(self._slots) or self._backlog):
             self._finish_in_flight()
-        self._discard_backlog()
+        self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
         self._admissions.join(timeout=5.0)
         if len(self._slots):
             log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
             self._slots.kill(timeout=1.0)
         rpc.join(timeout=5.0 + REPLY_DRAIN)
+        if not self.rpc.closed:
+            rpc.kill()
+            self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
         self.watchdog.stop()
@@ -402,17 +413,17 @@ class Worker:
                 except zmq.Again:
                     break
 
-    def _discard_backlog(self) -> None:
+    def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
             count = len(self._backlog)
             self._backlog.clear()
             self.runner.counters["jobs_discarded_on_stop"] += count
-            log.warning("discarded %d queued plain jobs on shutdown (not started within the %.1f s grace period)",
-                        count, self.graceful_timeout)
+            log.warning("discarded %d queued plain jobs on shutdown (%s)", count, reason)
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
-        self._calls.join()
+        while len(self._calls) or self._calls_waiting:
+            self._calls.join(timeout=0.05)
         self._admissions.join(timeout=5.0)
         # Closing a TCP socket with unread input (a client's heartbeat, say)
         # makes the kernel send RST, and a client that had not yet read our

@@ -11,8 +11,12 @@ forked, monkey-patches, imports the task module, and serves; so every child
 builds its own sockets and client pools.
 
 * Signal handlers only record signals; the main loop acts on them.
-* TERM/INT: warm shutdown; children stop receiving and finish in-flight
-  tasks within ``graceful_timeout``. A second TERM/INT, or QUIT: cold; the
+* TERM/INT: warm shutdown. The jobs proxy is halted and the public jobs
+  endpoint unbound (clients that list other workers send there); the jobs
+  already queued in the public socket are handed to the children; then
+  the children stop as standalone workers do (``server.py``): each reads
+  its backend queue to the end, runs it and finishes in-flight tasks within
+  ``graceful_timeout``, or counts and logs what it discards. A second TERM/INT, or QUIT: cold; the
   children are told to kill their tasks. Stragglers are SIGKILLed.
 * HUP: a rolling restart behind public sockets that stay bound. For each old
   child in turn: start its replacement and wait until it is ready; stop the
@@ -63,6 +67,8 @@ MAX_BACKOFF = 30.0
 
 #: Most seconds a rolling restart waits for an old child to drain its backend queue.
 DRAIN_TIMEOUT = 10.0
+#: Seconds without a message after which the public jobs queue counts as drained.
+DRAIN_QUIET = 0.2
 
 
 class _Child:
@@ -141,6 +147,7 @@ class Supervisor:
         if self.allow_client_keys:
             self._authenticator = start_thread_authenticator(context, self.allow_client_keys)
         self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address, curve_secret_key=self.curve_secret_key)
+        self._jobs_endpoint = jobs_front.getsockopt_string(zmq.LAST_ENDPOINT)
         backend = (f"ipc://{self._dir}/jobs", f"ipc://{self._dir}/rpc")
         jobs_back, rpc_back = context.socket(zmq.PUSH), context.socket(zmq.DEALER)
         jobs_back.bind(backend[0])
@@ -366,8 +373,31 @@ class Supervisor:
         if self.ready_file:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
+    def _stop_taking_jobs(self, cold: bool) -> None:
+        """Unbind the public jobs endpoint (clients listing other workers send there), then hand
+        the jobs already queued in it to the children (warm) or count them as discarded (cold,
+        or not handed over within ``graceful_timeout``). The jobs proxy must be halted."""
+        front, back = self._sockets["jobs"]
+        front.unbind(self._jobs_endpoint)
+        deadline = time.monotonic() + self.graceful_timeout
+        seen = len(self._signals)
+        forwarded = discarded = 0
+        while front.poll(int(DRAIN_QUIET * 1000)):
+            frame = front.recv()
+            cold = cold or len(self._signals) > seen
+            if not cold and back.poll(max(0, int((deadline - time.monotonic()) * 1000)), zmq.POLLOUT):
+                back.send(frame)
+                forwarded += 1
+            else:
+                discarded += 1
+        log.info("stopped taking jobs on %s; handed %d queued job(s) to the children", self._jobs_endpoint, forwarded)
+        if discarded:
+            log.warning("discarded %d queued plain jobs on shutdown (in the supervisor's queue)", discarded)
+
     def _stop_children(self) -> None:
         cold = signal.SIGQUIT in self._signals
+        self._halt_proxy("jobs")
+        self._stop_taking_jobs(cold)
         self._signal_children(signal.SIGQUIT if cold else signal.SIGTERM)
         log.info("%s shutdown of %d worker children", "cold" if cold else "warm", len(self.children))
         deadline = time.monotonic() + self.graceful_timeout + 5.0
