@@ -46,6 +46,7 @@ import pytest
 from tests.conftest import MONKEY_PATCHED, ROOT
 from tests.e2e.netns import Lab, remove_stale_namespaces, unavailable_reason
 from tests.helpers import wait_for
+from zqsync.client.rendezvous import FAILOVER_ATTEMPTS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -314,7 +315,12 @@ def test_traffic_survives_a_cut_link_and_spreads_again_after_restore(run):
     before_cut = {event["id"] for event in confirms if event["end"] < cut}
     assert before_cut & journals["w1"] and before_cut & journals["w2"], "confirmed jobs did not reach both workers"
     assert retried_during_cut, "no confirmed job was unacknowledged by the cut host and retried"
-    assert retried_during_cut <= journals["w2"], "a retried confirmed job did not land on the healthy worker"
+    # A retried job stays with its preferred worker (rendezvous hashing) until that one has been
+    # silent for FAILOVER_ATTEMPTS retries; jobs retried that long before the restore failed over.
+    failed_over = {event["id"] for event in confirms
+                   if event["retries"] >= FAILOVER_ATTEMPTS and cut <= event["start"] < restore}
+    assert failed_over, "no confirmed job stayed unanswered long enough to fail over"
+    assert failed_over <= journals["w2"], "a job silent past the failover bound did not land on the healthy worker"
     assert confirmed <= journals["w1"] | journals["w2"], "a confirmed job is in no journal"
 
     ran = wait_for(lambda: (seen := run.records()) and all(f"c {job}" in seen for job in confirmed) and seen,
