@@ -33,7 +33,7 @@ from .errors import (
     ZqsyncError,
 )
 from .pool import SocketPool
-from .rendezvous import FAILOVER_ATTEMPTS, Route
+from .rendezvous import FAILOVER_ATTEMPTS, Down, Route
 from .settings import ClientSettings, default_endpoint
 
 _ENDPOINT = re.compile(r"^tcp://(?P<host>\[[0-9a-fA-F:.]+\]|[^:/\s\[\]]+):(?P<port>\d{1,5})$")
@@ -128,6 +128,7 @@ class Client:
         rpc = tuple(rpc for _, rpc in pairs)
         self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
         self._rpc_endpoints = rpc
+        self._down = Down()
         self.settings = ClientSettings.from_env(
             pool_size=pool_size,
             call_timeout=call_timeout,
@@ -227,7 +228,7 @@ class Client:
         """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
-        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry)
+        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry, self._down)
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
             if attempt <= 0:
