@@ -155,6 +155,7 @@ def test_a_job_that_kills_its_process_is_dead_lettered_after_its_attempts_and_he
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
+
     def poison_state() -> str:
         return (job_row(state, "poison-1") or ("?",))[0]
 
@@ -175,6 +176,27 @@ def test_a_job_that_kills_its_process_is_dead_lettered_after_its_attempts_and_he
     report("poison job (os._exit), healthy jobs", healthy, seen)
     assert set(seen) == set(healthy)
     assert restarts == 3
+
+
+@pytest.mark.timeout(120)
+def test_under_a_supervisor_a_job_that_kills_its_process_is_dead_lettered_while_healthy_jobs_complete(
+        zq_worker, tmp_path):
+    state, out, marks = tmp_path / "state", tmp_path / "out.txt", tmp_path / "poison.txt"
+    supervisor = zq_worker(TASKS, extra_args=["--processes", "2", "--state-dir", str(state)], concurrency=20)
+    healthy: list[str] = []
+    with zqsync.Client(supervisor.endpoint, confirm_timeout=60) as client:
+        client.enqueue_with_options("poison", args=(str(marks),), confirm=True, job_id="poison-1")
+        deadline = time.monotonic() + 60
+        while (job_row(state, "poison-1") or ("?",))[0] != "dead" and time.monotonic() < deadline:
+            healthy.append(f"healthy-{len(healthy)}")
+            client.enqueue_with_options("record", args=(str(out), healthy[-1], 0.05), confirm=True)
+    assert job_row(state, "poison-1") == ("dead", 3, DIED)
+    assert count_lines(marks) == Counter({"poison": 3})
+    seen = wait_for(lambda: (c := count_lines(out)) and len(c) == len(healthy) and c, timeout=30,
+                    what="every healthy job to complete")
+    report("poison job (os._exit) under a supervisor, healthy jobs meanwhile", healthy, seen)
+    assert set(seen) == set(healthy) and len(healthy) >= 10
+    assert supervisor.proc.poll() is None
 
 
 # -- 3. journal errors -----------------------------------------------------------------------------
