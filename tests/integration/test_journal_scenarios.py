@@ -229,6 +229,36 @@ def test_a_journal_locked_at_startup_delays_replay_loudly_and_refuses_confirms_w
     assert "ERROR zqsync.worker.scheduler: journal replay failed" in worker.output()
 
 
+def corrupt_indexes(journal: Path) -> None:
+    """Overwrite the root page of every index of the (checkpointed) journal with garbage."""
+    db = sqlite3.connect(journal)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    pages = [row[0] for row in db.execute("SELECT rootpage FROM sqlite_master WHERE type = 'index'")]
+    db.close()
+    with open(journal, "r+b") as handle:
+        for page in pages:
+            handle.seek((page - 1) * size)
+            handle.write(b"\xa5" * size)
+
+
+@pytest.mark.timeout(120)
+def test_a_corrupt_journal_is_reported_at_error_again_and_again_and_confirms_are_refused(zq_worker, tmp_path):
+    state, out, gate = tmp_path / "state", tmp_path / "out.txt", tmp_path / "gate"
+    first = zq_worker(TASKS, extra_args=["--state-dir", str(state)], concurrency=2)
+    confirm_gated(first.endpoint, out, gate, 5)
+    first.stop(sig=signal.SIGKILL)
+    corrupt_indexes(state / "journal.sqlite3")
+    worker = zq_worker(TASKS, extra_args=["--state-dir", str(state)])
+    wait_for(lambda: worker.output().count("journal replay failed") >= 3, what="replay failures to be logged, and retried")
+    assert "malformed" in worker.output()
+    with zqsync.Client(worker.endpoint) as client:
+        with pytest.raises(zqsync.JournalUnavailable) as caught:
+            client.enqueue_with_options("record", args=(str(out), "refused"), confirm=True)
+        assert "malformed" in caught.value.remote_message
+        assert client.call("zqsync.ping") == "pong", "the worker keeps serving calls"
+
+
 @pytest.mark.parametrize("how", ["deleted", "replaced", "directory removed"])
 def test_a_worker_whose_journal_file_is_gone_refuses_to_acknowledge(zq_worker, tmp_path, how):
     state, out = tmp_path / "state", tmp_path / "out.txt"
