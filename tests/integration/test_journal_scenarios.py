@@ -222,7 +222,10 @@ def test_a_journal_locked_at_startup_delays_replay_loudly_and_refuses_confirms_w
         holder.execute("ROLLBACK")
         holder.close()
     gate.touch()
-    seen = wait_for(lambda: (c := count_lines(out)) and len(c) == 20 and c, timeout=30,
+    with zqsync.Client(worker.endpoint) as client:
+        wait_for(lambda: _confirms(client, out, "after-the-lock"), what="a confirm to be acknowledged again")
+    acknowledged.append("after-the-lock")
+    seen = wait_for(lambda: (c := count_lines(out)) and len(c) == 21 and c, timeout=30,
                     what="every acknowledged job to be replayed once the lock is gone")
     report("journal locked at startup", acknowledged, seen)
     assert seen == Counter(acknowledged)
@@ -324,12 +327,23 @@ def test_a_full_disk_refuses_confirms_at_once_and_outcomes_are_kept_until_writte
     wait_for(lambda: worker.output().count("journal write failed") >= 3, what="outcome writes to fail and be retried")
     filler.unlink()
     wait_for(lambda: _done(state) == 20, timeout=30, what="the kept outcomes to be written once there is space")
+    with zqsync.Client(worker.endpoint, confirm_timeout=10) as client:  # acknowledging again
+        wait_for(lambda: _confirms(client, out, "recovered"), what="a confirm to be acknowledged again")
+    acknowledged.append("recovered")
     worker.stop(sig=signal.SIGKILL)
     zq_worker(TASKS, bind=worker.endpoint, **args)
     time.sleep(2.0)  # several replay passes: a job whose outcome was lost would run again now
     seen = count_lines(out)
     report("full disk (tmpfs)", acknowledged, seen)
     assert seen == Counter(acknowledged), "nothing ran twice after the restart"
+
+
+def _confirms(client: zqsync.Client, out: Path, line: str) -> bool:
+    try:
+        client.enqueue_with_options("record", args=(str(out), line), confirm=True, job_id=line)
+    except zqsync.JournalUnavailable:
+        return False
+    return True
 
 
 def _done(state: Path) -> int:

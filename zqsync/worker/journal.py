@@ -273,6 +273,13 @@ class Journal:
 
     # -- writes ------------------------------------------------------------
 
+    def probe(self) -> None:
+        """An empty write transaction and :meth:`check_file`: whether the journal can be written again.
+
+        :raises JournalGone, sqlite3.Error: as :meth:`write`.
+        """
+        self._transaction(lambda db: self.check_file())
+
     def write(
         self,
         jobs: Iterable[tuple[str, str, bytes, int]] = (),
