@@ -262,6 +262,13 @@ class Journal:
             pass
         return False
 
+    def sweep_owners(self) -> int:
+        """Remove the lock files of owners that are gone (a SIGKILLed process leaves its file behind);
+        returns how many."""
+        directory = os.path.join(self.state_dir, OWNERS)
+        names = [name for name in os.listdir(directory) if name.endswith(".lock")] if os.path.isdir(directory) else []
+        return sum(not self.owner_alive(name[: -len(".lock")]) for name in names)
+
     def check_file(self) -> None:
         """:raises JournalGone: the journal file is no longer the one opened (deleted, replaced, directory removed)."""
         try:

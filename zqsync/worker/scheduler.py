@@ -406,6 +406,7 @@ class JobScheduler:
             pruned = pool.apply(self.journal.purge, ((state,), keep))
             if pruned:
                 log.info("pruned %d %s job(s) older than %.0f s from the journal", pruned, state, keep)
+        pool.apply(self.journal.sweep_owners)
 
     def _replay(self, row: Row) -> None:
         task = self.runner.registry.get(row.task)
