@@ -156,6 +156,7 @@ def test_a_job_that_kills_its_process_is_dead_lettered_after_its_attempts_and_he
 
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
+
     def poison_state() -> str:
         return (job_row(state, "poison-1") or ("?",))[0]
 
@@ -176,6 +177,27 @@ def test_a_job_that_kills_its_process_is_dead_lettered_after_its_attempts_and_he
     report("poison job (os._exit), healthy jobs", healthy, seen)
     assert set(seen) == set(healthy)
     assert restarts == 3
+
+
+@pytest.mark.timeout(120)
+def test_under_a_supervisor_a_job_that_kills_its_process_is_dead_lettered_while_healthy_jobs_complete(
+        zq_worker, tmp_path):
+    state, out, marks = tmp_path / "state", tmp_path / "out.txt", tmp_path / "poison.txt"
+    supervisor = zq_worker(TASKS, extra_args=["--processes", "2", "--state-dir", str(state)], concurrency=20)
+    healthy: list[str] = []
+    with zqsync.Client(supervisor.endpoint, confirm_timeout=60) as client:
+        client.enqueue_with_options("poison", args=(str(marks),), confirm=True, job_id="poison-1")
+        deadline = time.monotonic() + 60
+        while (job_row(state, "poison-1") or ("?",))[0] != "dead" and time.monotonic() < deadline:
+            healthy.append(f"healthy-{len(healthy)}")
+            client.enqueue_with_options("record", args=(str(out), healthy[-1], 0.05), confirm=True)
+    assert job_row(state, "poison-1") == ("dead", 3, DIED)
+    assert count_lines(marks) == Counter({"poison": 3})
+    seen = wait_for(lambda: (c := count_lines(out)) and len(c) == len(healthy) and c, timeout=30,
+                    what="every healthy job to complete")
+    report("poison job (os._exit) under a supervisor, healthy jobs meanwhile", healthy, seen)
+    assert set(seen) == set(healthy) and len(healthy) >= 10
+    assert supervisor.proc.poll() is None
 
 
 # -- 3. journal errors -----------------------------------------------------------------------------
@@ -201,11 +223,44 @@ def test_a_journal_locked_at_startup_delays_replay_loudly_and_refuses_confirms_w
         holder.execute("ROLLBACK")
         holder.close()
     gate.touch()
-    seen = wait_for(lambda: (c := count_lines(out)) and len(c) == 20 and c, timeout=30,
+    with zqsync.Client(worker.endpoint) as client:
+        wait_for(lambda: _confirms(client, out, "after-the-lock"), what="a confirm to be acknowledged again")
+    acknowledged.append("after-the-lock")
+    seen = wait_for(lambda: (c := count_lines(out)) and len(c) == 21 and c, timeout=30,
                     what="every acknowledged job to be replayed once the lock is gone")
     report("journal locked at startup", acknowledged, seen)
     assert seen == Counter(acknowledged)
     assert "ERROR zqsync.worker.scheduler: journal replay failed" in worker.output()
+
+
+def corrupt_indexes(journal: Path) -> None:
+    """Overwrite the root page of every index of the (checkpointed) journal with garbage."""
+    db = sqlite3.connect(journal)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    pages = [row[0] for row in db.execute("SELECT rootpage FROM sqlite_master WHERE type = 'index'")]
+    db.close()
+    with open(journal, "r+b") as handle:
+        for page in pages:
+            handle.seek((page - 1) * size)
+            handle.write(b"\xa5" * size)
+
+
+@pytest.mark.timeout(120)
+def test_a_corrupt_journal_is_reported_at_error_again_and_again_and_confirms_are_refused(zq_worker, tmp_path):
+    state, out, gate = tmp_path / "state", tmp_path / "out.txt", tmp_path / "gate"
+    first = zq_worker(TASKS, extra_args=["--state-dir", str(state)], concurrency=2)
+    confirm_gated(first.endpoint, out, gate, 5)
+    first.stop(sig=signal.SIGKILL)
+    corrupt_indexes(state / "journal.sqlite3")
+    worker = zq_worker(TASKS, extra_args=["--state-dir", str(state)])
+    wait_for(lambda: worker.output().count("journal replay failed") >= 3, what="replay failures to be logged, and retried")
+    assert "malformed" in worker.output()
+    with zqsync.Client(worker.endpoint) as client:
+        with pytest.raises(zqsync.JournalUnavailable) as caught:
+            client.enqueue_with_options("record", args=(str(out), "refused"), confirm=True)
+        assert "malformed" in caught.value.remote_message
+        assert client.call("zqsync.ping") == "pong", "the worker keeps serving calls"
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced", "directory removed"])
@@ -273,12 +328,23 @@ def test_a_full_disk_refuses_confirms_at_once_and_outcomes_are_kept_until_writte
     wait_for(lambda: worker.output().count("journal write failed") >= 3, what="outcome writes to fail and be retried")
     filler.unlink()
     wait_for(lambda: _done(state) == 20, timeout=30, what="the kept outcomes to be written once there is space")
+    with zqsync.Client(worker.endpoint, confirm_timeout=10) as client:  # acknowledging again
+        wait_for(lambda: _confirms(client, out, "recovered"), what="a confirm to be acknowledged again")
+    acknowledged.append("recovered")
     worker.stop(sig=signal.SIGKILL)
     zq_worker(TASKS, bind=worker.endpoint, **args)
     time.sleep(2.0)  # several replay passes: a job whose outcome was lost would run again now
     seen = count_lines(out)
     report("full disk (tmpfs)", acknowledged, seen)
     assert seen == Counter(acknowledged), "nothing ran twice after the restart"
+
+
+def _confirms(client: zqsync.Client, out: Path, line: str) -> bool:
+    try:
+        client.enqueue_with_options("record", args=(str(out), line), confirm=True, job_id=line)
+    except zqsync.JournalUnavailable:
+        return False
+    return True
 
 
 def _done(state: Path) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import gevent
@@ -90,3 +91,12 @@ def test_writes_and_claims_from_two_native_threads_never_interleave_transactions
     for job in jobs:
         job.get(timeout=30)
     assert errors == []
+
+
+def test_lock_files_of_owners_that_are_gone_are_swept(tmp_path):
+    me, gone = owner(tmp_path), owner(tmp_path)
+    os.close(gone._lock_fd)  # as a SIGKILL would: the lock is released, the file stays
+    gone._lock_fd = None
+    assert len(os.listdir(tmp_path / "owners")) == 2
+    assert me.sweep_owners() == 1
+    assert os.listdir(tmp_path / "owners") == [f"{me.token}.lock"]

@@ -25,7 +25,7 @@ from . import transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .pool import SocketPool
-from .rendezvous import FAILOVER_ATTEMPTS, Route
+from .rendezvous import FAILOVER_ATTEMPTS, Down, Route
 
 
 class Client:
@@ -73,6 +73,7 @@ class Client:
         rpc = tuple(rpc for _, rpc in pairs)
         self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
         self._rpc_endpoints = rpc
+        self._down = Down()
         self.settings = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
@@ -124,7 +125,7 @@ class Client:
             ``confirm_timeout``. With several workers, every attempt goes to
             the job id's preferred worker (rendezvous hashing), and to the
             next one only after ``5 * confirm_retry`` seconds without an answer
-            (``zqsync/rendezvous.py``). Congestion control does not apply.
+            (``zqsync/client/rendezvous.py``). Congestion control does not apply.
         :param congestion: overrides the client's congestion control for this job.
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
@@ -169,7 +170,7 @@ class Client:
         """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
-        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry)
+        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry, self._down)
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
             if attempt <= 0:

@@ -263,6 +263,13 @@ class Journal:
             pass
         return False
 
+    def sweep_owners(self) -> int:
+        """Remove the lock files of owners that are gone (a SIGKILLed process leaves its file behind);
+        returns how many."""
+        directory = os.path.join(self.state_dir, OWNERS)
+        names = [name for name in os.listdir(directory) if name.endswith(".lock")] if os.path.isdir(directory) else []
+        return sum(not self.owner_alive(name[: -len(".lock")]) for name in names)
+
     def check_file(self) -> None:
         """:raises JournalGone: the journal file is no longer the one opened (deleted, replaced, directory removed)."""
         try:
@@ -273,6 +280,13 @@ class Journal:
             raise JournalGone(f"journal file {self.path} was replaced by another file since the worker opened it")
 
     # -- writes ------------------------------------------------------------
+
+    def probe(self) -> None:
+        """An empty write transaction and :meth:`check_file`: whether the journal can be written again.
+
+        :raises JournalGone, sqlite3.Error: as :meth:`write`.
+        """
+        self._transaction(lambda db: self.check_file())
 
     def write(
         self,

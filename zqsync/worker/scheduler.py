@@ -115,6 +115,7 @@ class JobScheduler:
         self._timers: set[gevent.Greenlet] = set()
         self._backlog = gevent.lock.BoundedSemaphore(max_backlog)
         self._gone: Optional[str] = None  # why the journal can never be written again
+        self._broken: Optional[str] = None  # why the last write failed, until one succeeds
         self._foreign: set[str] = set()
         for key in ("confirmed_refused", "journal_errors"):
             runner.counters.setdefault(key, 0)
@@ -180,8 +181,8 @@ class JobScheduler:
         reply is a ``JournalUnavailable`` error naming the cause, never an
         acknowledgement.
         """
-        if self._gone:
-            return self._refuse(request, self._gone)
+        if self._gone or self._broken:  # fail fast until the write loop finds the journal writable
+            return self._refuse(request, self._gone or self._broken or "")
         body = protocol.encode_request("job", request.id, request.task, request.args, request.kwargs)
         self._backlog.acquire()
         try:
@@ -306,19 +307,24 @@ class JobScheduler:
 
     def _write_loop(self) -> None:
         """Group commits. Outcomes whose write failed are kept and retried with backoff (never dropped);
-        waiting adds and starts get the error."""
+        waiting adds and starts get the error. After a failure, with nothing else to write, the
+        journal is probed until it can be written again; meanwhile :meth:`accept` refuses at once."""
         assert self.journal is not None
         pool = gevent.get_hub().threadpool
         carried: list[Outcome] = []
         failures = 0
         while True:
-            batch = self._next_batch(block=not carried)
+            batch = self._next_batch(block=not (carried or self._broken))
             waiting = [(op, result) for op, _, result in batch if op in ("add", "start")]
             adds = [item for op, item, _ in batch if op == "add"]
             starts = [item for op, item, _ in batch if op == "start"]
             records = carried + [item for op, item, _ in batch if op == "record"]
+            fresh: list[Optional[str]] = []
             try:
-                fresh = pool.apply(self.journal.write, (adds, records, starts)) if waiting or records else []
+                if waiting or records:
+                    fresh = pool.apply(self.journal.write, (adds, records, starts))
+                elif self._broken:
+                    pool.apply(self.journal.probe)
             except Exception as exc:
                 failures += 1
                 carried = records
@@ -328,7 +334,9 @@ class JobScheduler:
                 self._finish_stop(batch, carried)
                 gevent.sleep(_retry_delay(failures, 0.05))
                 continue
-            failures, carried = 0, []
+            if self._broken:
+                log.warning("the journal can be written again after %d failure(s)", failures)
+            failures, carried, self._broken = 0, [], None
             states = iter(fresh)
             for op, result in waiting:
                 result.set(next(states) if op == "add" else True)
@@ -336,6 +344,7 @@ class JobScheduler:
 
     def _write_failed(self, exc: Exception, failures: int, outcomes: int) -> None:
         self.runner.counters["journal_errors"] += 1
+        self._broken = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, JournalGone) and self._gone is None:
             self._gone = str(exc)
         log.error("journal write failed (%d in a row; %d outcome(s) kept to retry): %s: %s",
@@ -399,6 +408,7 @@ class JobScheduler:
             pruned = pool.apply(self.journal.purge, ((state,), keep))
             if pruned:
                 log.info("pruned %d %s job(s) older than %.0f s from the journal", pruned, state, keep)
+        pool.apply(self.journal.sweep_owners)
 
     def _replay(self, row: Row) -> None:
         task = self.runner.registry.get(row.task)
