@@ -307,11 +307,14 @@ class Supervisor:
         old = [child for child in self.children.values() if not child.retiring]
         log.info("HUP: replacing %d worker children one at a time", len(old))
         for child in old:
+            if child.pid not in self.children:  # it exited meanwhile, and is being restarted
+                continue
             fresh = self._spawn(child.slot, backend)
             halt = self._wait(partial(getattr, fresh, "booted"), self.boot_timeout)
             if halt is not None or not fresh.booted:
                 return halt
             self._retire(child)
+        log.info("HUP: replaced %d worker children", len(old))
         return None
 
     def _retire(self, child: _Child) -> None:
