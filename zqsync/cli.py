@@ -82,7 +82,7 @@ def _age(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for every subcommand."""
+    """The argument parser for every subcommand (one ``_add_*`` function each)."""
     parser = argparse.ArgumentParser(
         prog="zqsync",
         description="Pooled ZeroMQ job enqueue and RPC for gevent and synchronous Python.",
@@ -98,7 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     curve_client.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
     curve_client.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_worker(commands, common)
+    _add_jobs(commands, common)
+    _add_client_commands(commands, common, curve_client)
+    _add_stats(commands, common, curve_client)
+    _add_keygen(commands, common)
+    _add_demo(commands, common)
+    _add_bench(commands, common)
+    return parser
 
+
+def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``zqsync worker``: serve a registry (every flag maps to a WorkerSettings field)."""
     worker = commands.add_parser(
         "worker", parents=[common], help="serve the tasks of a Registry",
         description="Serve the tasks registered in MODULE:ATTR. The current directory is put on "
@@ -153,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
     worker.set_defaults(handler=cmd_worker)
 
+
+def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``zqsync jobs``: list, requeue or purge journaled jobs."""
     jobs = commands.add_parser(
         "jobs", parents=[common], help="list, requeue or purge the confirmed jobs in a worker's journal",
         description="list (default): show the confirmed jobs a worker's journal holds, with their arguments: "
@@ -173,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--older-than", type=_age, metavar="AGE", help="purge: rows last updated before AGE ago (7d)")
     jobs.set_defaults(handler=cmd_jobs)
 
+
+def _add_client_commands(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync call`` and ``zqsync enqueue``."""
     for name, verb, description in CLIENT_COMMANDS:
         sub = commands.add_parser(name, parents=[common, curve_client], help=verb,
                                   description=description, epilog=EPILOG)
@@ -188,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="wait until the worker has journaled the job (it then runs at least once); an "
                              "unknown task or a worker without --state-dir fails with a non-zero exit")
 
+
+def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync stats``: a live worker's counters."""
     stats = commands.add_parser(
         "stats", parents=[common, curve_client], help="show a live worker's counters, task durations and pool stats",
         description="Ask a worker (over rpc) for its counters: jobs received, succeeded, failed and dropped, "
@@ -199,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the answer (default: 5)")
     stats.set_defaults(handler=cmd_stats)
 
+
+def _add_keygen(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``zqsync keygen``: a CURVE keypair."""
     keygen = commands.add_parser(
         "keygen", parents=[common], help="write a CURVE keypair",
         description="Write NAME.key (public: give it to peers) and NAME.key_secret (secret, mode 0600) into "
@@ -209,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--dir", default=".", help="directory to write into (default: the current one)")
     keygen.set_defaults(handler=cmd_keygen)
 
+
+def _add_demo(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``zqsync demo``: the main job on loopback."""
     demo = commands.add_parser(
         "demo", parents=[common], help="run the main job end to end on loopback",
         description="Start a worker and gunicorn -k gevent on the example Flask app, drive HTTP "
@@ -221,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=_seconds, default=120.0, help="seconds the whole demo may take (default: 120)")
     demo.set_defaults(handler=cmd_demo)
 
+
+def _add_bench(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``zqsync bench``: the benchmark suite, from a checkout."""
     bench = commands.add_parser(
         "bench", parents=[common], help="run the side-by-side benchmark suite (from a checkout)",
         description="Run benchmarks/ from the zqsync checkout: each comparison against its peer (raw pyzmq, "
@@ -229,7 +258,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(bench)
     bench.set_defaults(handler=cmd_bench)
-    return parser
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

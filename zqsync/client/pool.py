@@ -227,6 +227,20 @@ class SocketPool:
         when ``lease`` returns and given back when the block ends.
         """
         pid = os.getpid()
+        holder = self._check_can_lease(pid)
+        if len(self._owners) > 1 and time.monotonic() >= self._next_sweep:
+            self._sweep()
+        owner = current_owner(pid)
+        key = (owner.key, address)
+        permits = self._permits.get(key) or self._register(key, owner, address)
+        self._acquire(permits, address, self.lease_timeout if timeout is None else timeout)
+        return Lease(self, key, permits, holder, self._take_socket(key, permits, owner, address, holder), self._pid)
+
+    def _check_can_lease(self, pid: int) -> Any:
+        """The calling greenlet (or thread), after the fork check (rule 9) and the nested-lease check (rule 7).
+
+        :raises PoolError: the pool is closed, or the caller already holds a lease.
+        """
         if self._pid != pid:
             self._check_fork()
         if self._closed:
@@ -237,20 +251,17 @@ class SocketPool:
                 "nested lease: this greenlet/thread already holds a pooled socket; finish that "
                 "request before starting another (a nested lease can deadlock on the pool's cap)"
             )
-        if len(self._owners) > 1 and time.monotonic() >= self._next_sweep:
-            self._sweep()
-        owner = current_owner(pid)
-        key = (owner.key, address)
-        permits = self._permits.get(key) or self._register(key, owner, address)
-        self._acquire(permits, address, self.lease_timeout if timeout is None else timeout)
+        return holder
+
+    def _take_socket(self, key: tuple, permits: Any, owner: Owner, address: Address, holder: Any) -> zmq.Socket:
+        """An idle socket of the bucket, or a new one, now leased by ``holder``; the permit is given back on failure."""
         _holders[holder] = self
         try:
-            sock = self._checkout(key, holder) or self._open(address, owner, holder)
+            return self._checkout(key, holder) or self._open(address, owner, holder)
         except BaseException:
             _holders.pop(holder, None)
             permits.release()
             raise
-        return Lease(self, key, permits, holder, sock, self._pid)
 
     def _acquire(self, permits: Any, address: Address, timeout: float) -> None:
         if permits.acquire(blocking=False):
