@@ -23,6 +23,7 @@ from .errors import (
     Unconfirmed,
     UnknownTask,
     WorkerShutdown,
+    WorkerStopping,
     ZqsyncError,
     ZqsyncWarning,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "Unconfirmed",
     "UnknownTask",
     "WorkerShutdown",
+    "WorkerStopping",
     "ZqsyncError",
     "ZqsyncWarning",
     "call",

@@ -160,6 +160,10 @@ class WorkerShutdown(RemoteError):
     """The worker stopped before the task finished."""
 
 
+class WorkerStopping(RemoteError):
+    """The worker is stopping and refused the call without running it: safe to retry elsewhere."""
+
+
 class RequestRejected(RemoteError):
     """The worker could not decode the request, or it arrived on the wrong socket."""
 
@@ -195,7 +199,8 @@ class DuplicateJob(RemoteError):
 #: (a task's own exception, such as ``ValueError``) raise :class:`RemoteError`.
 REMOTE_ERRORS: dict[str, type[RemoteError]] = {
     cls.__name__: cls
-    for cls in (UnknownTask, NoJournal, TimeLimitExceeded, WorkerShutdown, JournalUnavailable, DuplicateJob)
+    for cls in (UnknownTask, NoJournal, TimeLimitExceeded, WorkerShutdown, WorkerStopping, JournalUnavailable,
+                DuplicateJob)
 }
 REMOTE_ERRORS["ProtocolError"] = RequestRejected
 

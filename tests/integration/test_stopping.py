@@ -157,7 +157,7 @@ def test_a_stopping_worker_answers_its_in_flight_call_and_refuses_new_ones_at_on
         worker.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "warm shutdown" in worker.output(), what="the warm shutdown")
         started = time.monotonic()
-        with pytest.raises(zqsync.RemoteError) as refused:
+        with pytest.raises(zqsync.WorkerStopping) as refused:
             client.call("echo", "late")
         assert refused.value.remote_type == "WorkerStopping"
         assert time.monotonic() - started < 2.0

@@ -26,6 +26,7 @@ SAMPLES = [
     errors.NoJournal("NoJournal", "start it with --state-dir", ""),
     errors.TimeLimitExceeded("TimeLimitExceeded", "over 0.5 s", ""),
     errors.WorkerShutdown("WorkerShutdown", "stopped", ""),
+    errors.WorkerStopping("WorkerStopping", "stopping: not run", ""),
     errors.RequestRejected("ProtocolError", "malformed request", ""),
     errors.JournalUnavailable("JournalUnavailable", "disk full", "", job_id="ab" * 16),
     errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
@@ -61,6 +62,7 @@ def test_call_timeout_keeps_task_and_timeout_across_pickle():
 @pytest.mark.parametrize("name, cls", [
     ("UnknownTask", errors.UnknownTask), ("NoJournal", errors.NoJournal),
     ("TimeLimitExceeded", errors.TimeLimitExceeded), ("WorkerShutdown", errors.WorkerShutdown),
+    ("WorkerStopping", errors.WorkerStopping),
     ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
     ("JournalUnavailable", errors.JournalUnavailable), ("DuplicateJob", errors.DuplicateJob),
 ])

@@ -65,7 +65,7 @@ import zmq.green
 import zmq.utils.monitor
 
 from .. import _common
-from ..errors import ProtocolError, WorkerShutdown
+from ..errors import ProtocolError, WorkerShutdown, WorkerStopping
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
 from .auth import GeventAuthenticator
@@ -321,7 +321,7 @@ class Worker:
             self.runner.counters["confirms_ignored_on_stop"] += 1
             return
         self.runner.counters["calls_refused_on_stop"] += 1
-        self._reply(envelope, encode_error(request.id, "WorkerStopping",
+        self._reply(envelope, encode_error(request.id, WorkerStopping.__name__,
                                            "the worker is stopping and did not run this call; retry it"))
 
     def _decode(self, frames: list[bytes]) -> Any:
