@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable, TypeVar
 
@@ -59,3 +60,43 @@ def pid_exists(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+class JobStream(threading.Thread):
+    """Enqueues plain ``record`` jobs (one line each, the job's index) from a thread; ``accepted`` counts them.
+
+    :param endpoints: the client's endpoint or endpoints.
+    :param target: the file each job appends its index to.
+    :param jobs: stop after this many (``None``: until :meth:`stop`).
+    :param delay: seconds each ``record`` task sleeps before writing.
+    :param burst: pause 10 ms after every ``burst`` jobs (``None``: no pause).
+    :param send_timeout: the client's enqueue deadline, seconds.
+
+    An exception in the thread is kept in ``error`` for the test to report.
+    """
+
+    def __init__(self, endpoints, target, *, jobs=None, delay=0.0, burst=None, send_timeout=30.0) -> None:
+        super().__init__(daemon=True)
+        self.endpoints, self.target, self.jobs = endpoints, target, jobs
+        self.delay, self.burst, self.send_timeout = delay, burst, send_timeout
+        self.accepted = 0
+        self.done = threading.Event()
+        self.error = None
+
+    def stop(self) -> None:
+        """Send no more jobs; returns once the thread ended."""
+        self.done.set()
+        self.join(timeout=slack(60.0))
+
+    def run(self) -> None:
+        import zqsync
+
+        try:
+            with zqsync.Client(self.endpoints, send_timeout=self.send_timeout) as client:
+                while not self.done.is_set() and (self.jobs is None or self.accepted < self.jobs):
+                    client.enqueue("record", str(self.target), str(self.accepted), self.delay)
+                    self.accepted += 1
+                    if self.burst and self.accepted % self.burst == 0:
+                        time.sleep(0.01)
+        except BaseException as exc:  # reported by the test
+            self.error = exc

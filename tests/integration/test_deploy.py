@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import threading
 import time
 from collections import Counter
 
 import pytest
 
-import zqsync
-from tests.helpers import children_of, wait_for
+from tests.helpers import JobStream, children_of, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,25 +20,6 @@ JOBS = 10_000
 
 def count_lines(path) -> Counter:
     return Counter(path.read_text().splitlines()) if path.exists() else Counter()
-
-
-class Sender(threading.Thread):
-    """Enqueues JOBS plain ``record`` jobs as fast as the client sends them."""
-
-    def __init__(self, endpoint: str, target) -> None:
-        super().__init__(daemon=True)
-        self.endpoint, self.target = endpoint, target
-        self.accepted = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with zqsync.Client(self.endpoint, send_timeout=30.0) as client:
-                for index in range(JOBS):
-                    client.enqueue("record", str(self.target), str(index), 0.002)
-                    self.accepted = index + 1
-        except BaseException as exc:  # reported by the test
-            self.error = exc
 
 
 def hup_and_wait(supervisor, retired_before: int) -> None:
@@ -54,7 +33,7 @@ def hup_and_wait(supervisor, retired_before: int) -> None:
 def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_path):
     supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
     target = tmp_path / "ran.txt"
-    sender = Sender(supervisor.endpoint, target)
+    sender = JobStream(supervisor.endpoint, target, jobs=JOBS, delay=0.002)
     sender.start()
     wait_for(lambda: sum(count_lines(target).values()) >= 1000, what="the load to be under way")
     hup_and_wait(supervisor, 0)
@@ -73,28 +52,6 @@ def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_pa
 
 #: The stream's jobs come in bursts of this many, 10 ms apart.
 BURST = 40
-
-
-class Stream(threading.Thread):
-    """Enqueues ``record`` jobs to every endpoint until told to stop; ``accepted`` counts them."""
-
-    def __init__(self, endpoints: list, target) -> None:
-        super().__init__(daemon=True)
-        self.endpoints, self.target = endpoints, target
-        self.accepted = 0
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with zqsync.Client(self.endpoints, send_timeout=30.0) as client:
-                while not self.done.is_set():
-                    client.enqueue("record", str(self.target), str(self.accepted), 0.002)
-                    self.accepted += 1
-                    if self.accepted % BURST == 0:
-                        time.sleep(0.01)  # about 3,000 jobs a second
-        except BaseException as exc:  # reported by the test
-            self.error = exc
 
 
 def settled(target, expected: int, timeout: float = 30.0) -> Counter:
@@ -124,15 +81,14 @@ def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, t
     supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
     peer = zq_worker(concurrency=20)
     target = tmp_path / "ran.txt"
-    stream = Stream([supervisor.endpoint, peer.endpoint], target)
+    stream = JobStream([supervisor.endpoint, peer.endpoint], target, delay=0.002, burst=BURST)  # about 3,000 jobs/s
     stream.start()
     wait_for(lambda: sum(count_lines(target).values()) >= 2000, what="the load to be under way")
     os.kill(supervisor.pid, signal.SIGTERM)
     assert supervisor.proc.wait(30) == 0
     after_stop = peer.stats()["jobs_received"]
     wait_for(lambda: peer.stats()["jobs_received"] >= after_stop + 1000, what="the peer to take the later jobs")
-    stream.done.set()
-    stream.join(30)
+    stream.stop()
     assert stream.error is None
     discarded = logged_discards(supervisor.output())
     seen = settled(target, stream.accepted - discarded)

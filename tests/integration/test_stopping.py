@@ -11,7 +11,7 @@ import time
 import pytest
 
 import zqsync
-from tests.helpers import wait_for
+from tests.helpers import JobStream, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -107,28 +107,6 @@ def test_a_stopping_worker_takes_no_jobs_or_calls_meant_for_its_peer(zq_worker, 
 BURST = 200
 
 
-class Sender(threading.Thread):
-    """Enqueues ``record`` jobs to both workers until told to stop; ``accepted`` counts them."""
-
-    def __init__(self, endpoints, target) -> None:
-        super().__init__(daemon=True)
-        self.endpoints, self.target = endpoints, target
-        self.accepted = 0
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with zqsync.Client(self.endpoints, send_timeout=10.0) as client:
-                while not self.done.is_set():
-                    client.enqueue("record", str(self.target), str(self.accepted))
-                    self.accepted += 1
-                    if self.accepted % BURST == 0:
-                        time.sleep(0.01)
-        except BaseException as exc:  # reported by the test
-            self.error = exc
-
-
 def test_a_worker_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path):
     """Jobs stream to two workers; one gets TERM. The other takes all later work, and every
     accepted job ran, or the stopped worker's log counts it as discarded, except the residual
@@ -137,15 +115,14 @@ def test_a_worker_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_p
     2,100 were lost (w1's socket queue and the client's queue for w1)."""
     w1, w2 = zq_worker(concurrency=10), zq_worker(concurrency=10)
     target = tmp_path / "ran.txt"
-    sender = Sender([w1.endpoint, w2.endpoint], target)
+    sender = JobStream([w1.endpoint, w2.endpoint], target, burst=BURST, send_timeout=10.0)
     sender.start()
     wait_for(lambda: len(lines(target)) >= 2000, what="the load to be under way")
     w1.proc.send_signal(signal.SIGTERM)
     assert w1.proc.wait(30) == 0
     after_stop = w2.stats()["jobs_received"]
     wait_for(lambda: w2.stats()["jobs_received"] >= after_stop + 2000, what="w2 to take the later jobs")
-    sender.done.set()
-    sender.join(30)
+    sender.stop()
     assert sender.error is None
     ran = settled(target, sender.accepted - logged_discards(w1.output()))
     discarded = logged_discards(w1.output())
