@@ -80,6 +80,8 @@ from benchmarks.harness import (
     placed,
     progress,
     render_table,
+    rows_from_subprocess,
+    size_flags,
 )
 from tests.helpers import wait_for
 from zqsync.processes import ProcessFailed, WorkerProcess, stop_process
@@ -404,19 +406,8 @@ def run_gevent(settings: Settings, layout: str, greenlets: int) -> list[Row]:
 
 def run_gevent_subprocess(args: argparse.Namespace, settings: Settings) -> list[Row]:
     """Run this script with ``--gevent`` in a child process, stopped by pid, and collect its rows."""
-    with tempfile.TemporaryDirectory(prefix="zqsync-bench-rq-") as scratch:
-        rows_path = os.path.join(scratch, "gevent.json")
-        command = [sys.executable, os.path.abspath(__file__), "--gevent", "--cpus", args.cpus,
-                   "--greenlets", str(args.greenlets), "--json", rows_path, *(["--quick"] if args.quick else [])]
-        child = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
-        try:
-            child.wait(settings.watchdog + 60.0)  # the child's own watchdog should fire first
-        finally:
-            status = stop_process(child)  # a no-op once it has exited
-        if status != 0:
-            raise RuntimeError(f"the gevent-mode run failed with status {status}")
-        with open(rows_path) as handle:
-            return [Row(**row) for row in json.load(handle)["rows"]]
+    flags = ["--gevent", "--cpus", args.cpus, "--greenlets", str(args.greenlets), *size_flags(args)]
+    return rows_from_subprocess(__file__, flags, settings.watchdog + 60.0)  # the child's own watchdog fires first
 
 
 # -- command line ---------------------------------------------------------------------
