@@ -319,6 +319,7 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.processes:
         return _run_supervisor(args)
     from gevent import monkey
@@ -377,6 +378,7 @@ def _run_supervisor(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    """``zqsync jobs``: list, requeue or purge a journal's jobs; returns the exit status."""
     from .worker.journal import Journal, journal_path
 
     if not os.path.exists(journal_path(args.state_dir)):
@@ -444,6 +446,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    """``zqsync call``: print the task's result as JSON. :raises ZqsyncError: the call failed."""
     with _client(args) as client:
         result = client.call_with_options(args.task, args=args.args, kwargs=args.kwargs, timeout=args.timeout)
     print(json.dumps(result, default=repr))
@@ -451,6 +454,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
+    """``zqsync enqueue``: print the job id. :raises ZqsyncError: not sent, or (``--confirm``) refused."""
     with _client(args) as client:
         job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout,
                                              confirm=args.confirm)
@@ -459,6 +463,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    """``zqsync stats``: print a live worker's counters. :raises ZqsyncError: no answer in time."""
     with _client(args) as client:
         stats = client.call_with_options("zqsync.stats", timeout=args.timeout)
     if args.json:
@@ -481,6 +486,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
+    """``zqsync keygen``: write a CURVE keypair. :raises ConfigurationError: the files exist."""
     from .wire.curve import keygen
 
     public, secret = keygen(args.dir, args.name)
@@ -489,6 +495,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``zqsync demo``: run the main job on loopback; returns 0 if nothing was lost or failed."""
     from .demo import run_demo
 
     return run_demo(
@@ -509,6 +516,7 @@ def find_checkout(start: Optional[str] = None) -> Optional[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """``zqsync bench``: run ``python -m benchmarks`` in the checkout; returns its exit status."""
     root = find_checkout()
     if root is None:
         raise SystemExit("zqsync bench: run it from a zqsync checkout (it runs benchmarks/, which is not "

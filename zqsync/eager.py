@@ -61,6 +61,11 @@ class EagerRecorder:
         return [job for job in self.jobs if not job.ok]
 
     def run_job(self, frame: bytes) -> str:
+        """Run one encoded job with its retries, at once; returns its id.
+
+        :raises UnknownTask: no such task in the registry.
+        :raises RemoteError: its last attempt failed and ``propagate`` is set.
+        """
         request = envelope.decode_request(frame)
         task = self.runner.registry.get(request.task)
         if task is None:  # a worker would drop it with a log line; a test should hear of it
@@ -77,6 +82,10 @@ class EagerRecorder:
         return request.id
 
     def run_call(self, frame: bytes) -> Any:
+        """Run one encoded call and return its result, decoded as a worker's reply would be.
+
+        :raises RemoteError: the task raised (the matching subclass, as a client would).
+        """
         decoded = self.runner.decode_rpc(frame)
         reply = envelope.decode_reply(decoded if isinstance(decoded, bytes) else self.runner.answer_call(*decoded))
         if reply.ok:

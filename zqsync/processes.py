@@ -139,15 +139,15 @@ class WorkerProcess:
 
         :raises ProcessFailed: no answer within ``timeout`` seconds.
         """
-        from .wire import envelope as protocol
+        from .wire import envelope
 
         with self._probe_lock:
             sock = self._probe_socket()
             request_id = os.urandom(8).hex()
-            sock.send(protocol.encode_request("call", request_id, "zqsync.stats"))
+            sock.send(envelope.encode_request("call", request_id, "zqsync.stats"))
             deadline = time.monotonic() + timeout
             while sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                reply = protocol.decode_reply(sock.recv())
+                reply = envelope.decode_reply(sock.recv())
                 if reply.id == request_id:
                     return reply.result
             self._probe = None  # a late reply must not confuse the next question

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import zqsync
-from tests.helpers import wait_for
+from tests.helpers import slack, wait_for
 from zqsync.errors import ProcessFailed
 from zqsync.wire import envelope
 
@@ -48,7 +48,7 @@ def test_a_17_mib_call_raises_protocol_error_naming_the_limit_at_once(zq_worker)
         started = time.monotonic()
         with pytest.raises(zqsync.ProtocolError, match=r"17825\d+ bytes, over the limit of 16777216"):
             client.call("echo", "x" * (17 * 1024 * 1024))
-        assert time.monotonic() - started < 2.0  # not the 10 s deadline
+        assert time.monotonic() - started < slack(2.0)  # not the 10 s deadline
 
 
 @pytest.mark.parametrize("job_id", ["x" * 65, 12345, ""])

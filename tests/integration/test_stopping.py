@@ -11,7 +11,7 @@ import time
 import pytest
 
 import zqsync
-from tests.helpers import JobStream, wait_for
+from tests.helpers import JobStream, slack, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -145,7 +145,7 @@ def test_a_stopping_worker_answers_its_in_flight_call_and_refuses_new_ones_at_on
         with pytest.raises(zqsync.WorkerStopping) as refused:
             client.call("echo", "late")
         assert refused.value.remote_type == "WorkerStopping"
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < slack(2.0)  # refused at once, not at the call deadline
         caller.join(30)
     assert outcome == {"value": 2.0}
     assert worker.proc.wait(30) == 0

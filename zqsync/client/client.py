@@ -18,7 +18,7 @@ import zmq
 from .. import _common
 from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, RemoteError, Unconfirmed, remote_error
 from ..settings import ClientSettings, check_seconds, default_endpoint
-from ..wire import envelope as protocol
+from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
 from . import transport
@@ -138,7 +138,7 @@ class Client:
             :class:`JournalUnavailable` when its journal cannot be written (the cause is in the message);
             :class:`DuplicateJob` when ``job_id`` is already journaled as dead-lettered.
         :raises ProtocolError: the job breaks a limit the worker enforces
-            (``protocol`` module: 16 MiB frame, nesting, key types, ``job_id``);
+            (``zqsync/wire/envelope.py``: 16 MiB frame, nesting, key types, ``job_id``);
             nothing is sent.
         :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
             (or 0 with ``confirm=True``).
@@ -146,7 +146,7 @@ class Client:
         self._check_open()
         job_id = os.urandom(16).hex() if job_id is None else job_id
         kind = "confirm" if confirm else "job"
-        frame = protocol.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
         if send_timeout is not None:
             send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:
@@ -223,7 +223,7 @@ class Client:
         timeout = self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
         request_id = os.urandom(16).hex()
         name = _task_name(task)
-        frame = protocol.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
+        frame = envelope.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
         self._counts["calls"] += 1
         try:
             reply = self._request(frame, request_id, name, timeout)
@@ -237,7 +237,7 @@ class Client:
 
     def _request(
         self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
-    ) -> protocol.Reply:
+    ) -> envelope.Reply:
         """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
         ``timeout`` seconds in all."""
         deadline = time.monotonic() + timeout
@@ -247,14 +247,14 @@ class Client:
 
     def _round_trip(
         self, sock: zmq.Socket, frame: bytes, request_id: str, task: str, timeout: float, deadline: float
-    ) -> protocol.Reply:
+    ) -> envelope.Reply:
         if not transport.send(sock, frame, max(0.0, deadline - time.monotonic())):
             raise CallTimeout(task, timeout, list(self.endpoints))
         while True:
             data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
             if data is None:
                 raise CallTimeout(task, timeout, list(self.endpoints))
-            reply = protocol.decode_reply(data)
+            reply = envelope.decode_reply(data)
             if reply.id == request_id or (reply.id == "" and not reply.ok):
                 return reply
             self._dealer.note_stale_reply()  # a reply to an abandoned request: never delivered
@@ -299,7 +299,7 @@ class Client:
         return f"<zqsync.Client {list(self.endpoints)}>"
 
 
-def _remote_error(reply: protocol.Reply) -> RemoteError:
+def _remote_error(reply: envelope.Reply) -> RemoteError:
     error = reply.error or {}
     return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply.id)
 

@@ -19,7 +19,7 @@ import gevent
 
 from ..errors import NoJournal, ProtocolError, TimeLimitExceeded, UnknownTask
 from ..logs import RateLimitedLog
-from ..wire import envelope as protocol
+from ..wire import envelope
 from .durations import Durations
 from .registry import Registry, Task
 from .watchdog import SoftTimeLimit, Watchdog
@@ -66,7 +66,7 @@ class Runner:
         registry: Registry,
         *,
         builtins: Optional[dict[str, Callable[..., Any]]] = None,
-        confirm: Optional[Callable[[protocol.Request, Task], bytes]] = None,
+        confirm: Optional[Callable[[envelope.Request, Task], bytes]] = None,
         watchdog: Optional[Watchdog] = None,
     ) -> None:
         self.registry = registry
@@ -77,10 +77,10 @@ class Runner:
         self.durations = Durations()
         self._log = RateLimitedLog(log)
 
-    def decode_job(self, frame: bytes) -> Optional[tuple[Task, protocol.Request]]:
+    def decode_job(self, frame: bytes) -> Optional[tuple[Task, envelope.Request]]:
         """Decode a job frame; ``None`` (counted and logged) if malformed or for an unknown task."""
         try:
-            request = protocol.decode_request(frame)
+            request = envelope.decode_request(frame)
         except ProtocolError as exc:
             self.counters["malformed"] += 1
             self._log.warning("malformed", "dropped a malformed job frame: %s", exc)
@@ -93,29 +93,29 @@ class Runner:
             return None
         return task, request
 
-    def decode_rpc(self, frame: bytes) -> Union[tuple[protocol.Request, Task], bytes]:
+    def decode_rpc(self, frame: bytes) -> Union[tuple[envelope.Request, Task], bytes]:
         """Decode an rpc request and find its task.
 
         :returns: ``(request, task)``, or the error reply frame for a
             malformed request, a plain job sent to rpc, or an unknown task.
         """
         try:
-            request = protocol.decode_request(frame)
+            request = envelope.decode_request(frame)
         except ProtocolError as exc:
             self.counters["malformed"] += 1
-            return protocol.encode_error("", ProtocolError.__name__, f"malformed request: {exc}")
+            return envelope.encode_error("", ProtocolError.__name__, f"malformed request: {exc}")
         if request.kind == "job":
-            return protocol.encode_error(request.id, ProtocolError.__name__, "a plain job belongs on the jobs socket")
+            return envelope.encode_error(request.id, ProtocolError.__name__, "a plain job belongs on the jobs socket")
         task = self._lookup(request)
         if task is None:
             self.counters["unknown_task"] += 1
             known = ", ".join(self.registry.names()) or "none"
-            return protocol.encode_error(
+            return envelope.encode_error(
                 request.id, UnknownTask.__name__, f"no task named {request.task!r} is registered (known: {known})"
             )
         return request, task
 
-    def answer_call(self, request: protocol.Request, task: Task) -> bytes:
+    def answer_call(self, request: envelope.Request, task: Task) -> bytes:
         """Run a call; returns its reply frame (the result, or the task's error).
 
         The worker's own ``zqsync.*`` tasks are answered without being
@@ -123,36 +123,36 @@ class Runner:
         """
         if task.fn is self.builtins.get(task.name):
             ok, value = self.run(task, request, counted=False)
-            return protocol.encode_result(request.id, value) if ok else protocol.encode_error(request.id, *value)
+            return envelope.encode_result(request.id, value) if ok else envelope.encode_error(request.id, *value)
         self.counters["calls_received"] += 1
         ok, value = self.run(task, request)
         if ok:
             try:
-                reply = protocol.encode_result(request.id, value)
+                reply = envelope.encode_result(request.id, value)
                 self.counters["calls_succeeded"] += 1
                 return reply
             except ProtocolError as exc:
                 value = ("TypeError", f"task {task.name!r} returned a value that {exc}", "")
         self.counters["calls_failed"] += 1
-        return protocol.encode_error(request.id, *value)
+        return envelope.encode_error(request.id, *value)
 
-    def _lookup(self, request: protocol.Request) -> Optional[Task]:
+    def _lookup(self, request: envelope.Request) -> Optional[Task]:
         builtin = self.builtins.get(request.task)
         if builtin is not None and request.kind == "call":
             return Task(request.task, builtin)
         return self.registry.get(request.task)
 
-    def answer_confirm(self, request: protocol.Request, task: Task) -> bytes:
+    def answer_confirm(self, request: envelope.Request, task: Task) -> bytes:
         """Journal a confirmed job and acknowledge it; returns the reply frame."""
         if self.confirm is None:
-            return protocol.encode_error(
+            return envelope.encode_error(
                 request.id, NoJournal.__name__,
                 "this worker keeps no journal, so it cannot confirm jobs: start it with --state-dir DIR",
             )
         self.counters["confirmed_received"] += 1
         return self.confirm(request, task)
 
-    def run(self, task: Task, request: protocol.Request, *, counted: bool = True) -> tuple[bool, Any]:
+    def run(self, task: Task, request: envelope.Request, *, counted: bool = True) -> tuple[bool, Any]:
         """Run ``task`` with the request's arguments under its time limit.
 
         :param counted: count it in ``in_flight`` and time it (not for the worker's own tasks).

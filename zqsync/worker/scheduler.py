@@ -35,7 +35,7 @@ import gevent.queue
 
 from .. import settings
 from ..errors import ProtocolError
-from ..wire import envelope as protocol
+from ..wire import envelope
 from .journal import ALONE, DIED, SHARED, Journal, JournalGone, Outcome, Row, Start
 from .registry import Task
 from .runner import ErrorInfo, Runner
@@ -54,7 +54,7 @@ class Job(NamedTuple):
     """A job on its way through the scheduler."""
 
     task: Task
-    request: protocol.Request
+    request: envelope.Request
     attempts: int = 0
     durable: bool = False
     admitted: bool = False  # holds a backlog place until it starts
@@ -171,7 +171,7 @@ class JobScheduler:
         if decoded is not None:
             self._attempt(Job(*decoded))
 
-    def accept(self, request: protocol.Request, task: Task) -> bytes:
+    def accept(self, request: envelope.Request, task: Task) -> bytes:
         """Journal a confirmed job, then acknowledge it; returns the reply frame.
 
         Blocks the calling greenlet until the journal transaction holding the
@@ -183,7 +183,7 @@ class JobScheduler:
         """
         if self._gone or self._broken:  # fail fast until the write loop finds the journal writable
             return self._refuse(request, self._gone or self._broken or "")
-        body = protocol.encode_request("job", request.id, request.task, request.args, request.kwargs)
+        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
         self._backlog.acquire()
         try:
             existing = self._write("add", (request.id, request.task, body, task.retries))
@@ -195,21 +195,21 @@ class JobScheduler:
             raise
         if existing is None:
             self._ready.put(Job(task, request, 0, True, admitted=True))
-            return protocol.encode_result(request.id, {"job_id": request.id, "duplicate": False})
+            return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False})
         self._backlog.release()
         self.runner.counters["confirmed_duplicates"] += 1
         if existing == "dead":
-            return protocol.encode_error(
+            return envelope.encode_error(
                 request.id, "DuplicateJob",
                 f"job {request.id} is already journaled and dead-lettered (its attempts are exhausted), so it "
                 f"was not run again: see `zqsync jobs --id {request.id}`, re-run it with `zqsync jobs requeue "
                 f"{request.id}`, or enqueue it under a new id")
-        return protocol.encode_result(request.id, {"job_id": request.id, "duplicate": True})
+        return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": True})
 
-    def _refuse(self, request: protocol.Request, cause: str) -> bytes:
+    def _refuse(self, request: envelope.Request, cause: str) -> bytes:
         self.runner.counters["confirmed_refused"] += 1
         log.error("refused confirmed job %s (%s): the journal cannot be written: %s", request.id, request.task, cause)
-        return protocol.encode_error(
+        return envelope.encode_error(
             request.id, "JournalUnavailable",
             f"the worker could not journal job {request.id}, so it did not acknowledge it: {cause}")
 
@@ -413,7 +413,7 @@ class JobScheduler:
     def _replay(self, row: Row) -> None:
         task = self.runner.registry.get(row.task)
         try:
-            request = protocol.decode_request(row.body)
+            request = envelope.decode_request(row.body)
         except ProtocolError as exc:
             self._bury(row, f"ProtocolError: the journaled body cannot be decoded: {exc}")
             return
