@@ -22,7 +22,7 @@ from typing import Optional
 import pytest
 
 import zqsync
-from tests.helpers import wait_for
+from tests.helpers import children_of, pid_exists, wait_for
 from zqsync.processes import stop_process
 from zqsync.wire.endpoints import split_endpoint
 
@@ -98,7 +98,24 @@ class NamespacedWorker:
             return {client.call("zqsync.stats")["pid"] for _ in range(20)}
 
     def kill(self) -> None:
+        """SIGKILL the namespace, and return once every process of it is gone.
+
+        The kernel kills the namespace's processes after its init dies, not at
+        once: a worker child could otherwise still run a job the test releases next.
+        """
+        processes = self._descendants(self.proc.pid)
         stop_process(self.proc, sig=signal.SIGKILL)
+        wait_for(lambda: not any(pid_exists(pid) for pid in processes), timeout=30,
+                 what="every process of the killed namespace to be gone")
+
+    @staticmethod
+    def _descendants(pid: int) -> list[int]:
+        found, pending = [], [pid]
+        while pending:
+            children = children_of(pending.pop())
+            found += children
+            pending += children
+        return found
 
 
 @pytest.fixture
