@@ -108,12 +108,14 @@ def test_close_to_a_healthy_worker_counts_nothing_unsent(zq_worker, caplog):
     wait_for(lambda: worker.stats()["jobs_received"] == 200, what="all 200 jobs")
 
 
-def _enqueue_many(client: zqsync.Client, target, prefix: str, count: int, accepted: list[str]) -> None:
+def _enqueue_many(client: zqsync.Client, target, prefix: str, count: int, accepted: list[str],
+                  on_refused) -> None:
     for number in range(count):
         line = f"{prefix}{number}-{PADDING * 16}"
         try:
             client.enqueue_with_options("record", args=(str(target), line, 0.01), send_timeout=0.05)
         except zqsync.Congested:
+            on_refused()
             continue
         accepted.append(line)
 
@@ -122,22 +124,34 @@ def test_one_callers_congested_keeps_the_jobs_other_callers_queued_on_the_socket
     """Item 2: 20 greenlets share 4 PUSH sockets to a slow worker; many enqueues raise Congested.
 
     Before the fix every Congested closed its socket with linger 0 and threw
-    away the jobs other greenlets had queued on it.
+    away the jobs other greenlets had queued on it. The worker is stopped
+    until the first refusal, so the back-pressure happens on any machine.
     """
     worker = zq_worker(concurrency=2, extra_args=["--hwm", "50"])
     target = tmp_path / "record.txt"
     client = zqsync.Client(worker.endpoint, hwm=50)
-    accepted: list[str] = []
+    client.enqueue("record", str(target), "connect")
+    wait_for(lambda: "connect" in executed(target), what="the connecting job")
+    accepted: list[str] = ["connect"]
+    resumed: list[bool] = []
+
+    def resume_worker() -> None:
+        if not resumed:
+            resumed.append(True)
+            os.kill(worker.pid, signal.SIGCONT)
+
+    os.kill(worker.pid, signal.SIGSTOP)
     try:
-        gevent.joinall([gevent.spawn(_enqueue_many, client, target, f"g{index}.", 60, accepted)
+        gevent.joinall([gevent.spawn(_enqueue_many, client, target, f"g{index}.", 60, accepted, resume_worker)
                         for index in range(20)], raise_error=True)
-        refused = 20 * 60 - len(accepted)
+        refused = 20 * 60 + 1 - len(accepted)
         assert refused > 0, "no enqueue was congested: the scenario did not happen"
         wait_for(lambda: executed(target) >= set(accepted), timeout=60,
                  what=f"all {len(accepted)} accepted jobs to run ({refused} refused)")
         assert worker.stats()["disconnections_jobs"] == 0, "a PUSH socket was discarded"
         assert client.stats()["push"]["kept_after_error"] == refused
     finally:
+        os.kill(worker.pid, signal.SIGCONT)
         client.close()
 
 
