@@ -81,7 +81,7 @@ from benchmarks.harness import (
     size_for,
 )
 from tests.helpers import wait_for
-from zqsync.processes import ProcessFailed, WorkerProcess, stop_process
+from zqsync.processes import WorkerProcess, stop_process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +144,7 @@ def spawning_on(cpus: set[int]) -> Iterator[None]:
 
 
 def log_tail(path: str, characters: int = 2000) -> str:
+    """The last ``characters`` of the log file at ``path``."""
     with open(path, errors="replace") as handle:
         return handle.read()[-characters:]
 

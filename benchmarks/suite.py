@@ -16,6 +16,9 @@ zerorpc    call round trip against zerorpc (both under gevent)
 congestion enqueue throughput against a raw PUSH loop; DROP's early drop with
            a stalled worker
 rq         enqueue and confirmed enqueue against RQ on redis-server
+endtoend   plain jobs end to end (enqueued and executed, counted at one
+           worker process) against dramatiq on redis-server, 1 process x
+           8 threads (plain and gevent)
 fork       a fork cycle: fork, first call in the child, exit
 gunicorn   real ``gunicorn -k gevent`` on ``zqsync/demo/webapp.py`` under wrk:
            requests/s with an enqueue per request, without, and with a
@@ -83,6 +86,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("zerorpc", "call round trip vs zerorpc", "bench_zerorpc", "zerorpc_unavailable"),
     Scenario("congestion", "enqueue vs a raw PUSH loop; DROP early drop, stalled worker", "bench_congestion"),
     Scenario("rq", "enqueue and confirmed enqueue vs RQ on redis-server", "bench_rq", script=True),
+    Scenario("endtoend", "plain jobs end to end in one worker process vs dramatiq on redis-server", "bench_dramatiq"),
     Scenario("fork", "fork cycle: fork, first call in the child, exit", "bench_fork"),
     Scenario("gunicorn", "gunicorn -k gevent: requests/s with and without an enqueue", "bench_gunicorn",
              "gunicorn_unavailable"),
@@ -160,7 +164,7 @@ def machine() -> dict[str, Any]:
         "pyzmq": zmq.__version__,
         "libzmq": zmq.zmq_version(),
         **{name: _version(name) for name in ("zqsync", "gevent", "msgpack", "gunicorn", "flask", "zerorpc", "rq",
-                                             "redis", "tqdm", "matplotlib")},
+                                             "dramatiq", "redis", "tqdm", "matplotlib")},
         "redis_server": _tool_version(["redis-server", "--version"]),
         "wrk": _tool_version(["wrk", "--version"]),
     }

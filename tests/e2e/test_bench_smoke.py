@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-SCENARIOS = {"pool", "zerorpc", "congestion", "rq", "fork", "gunicorn"}
+SCENARIOS = {"pool", "zerorpc", "congestion", "rq", "endtoend", "fork", "gunicorn"}
 #: Scenarios that need nothing beyond the test extra, so they must have run.
 ALWAYS_RUN = {"pool", "congestion", "fork", "gunicorn"}
 
