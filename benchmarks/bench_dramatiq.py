@@ -26,8 +26,9 @@ until the worker has executed every job of the round:
   the job ran (the queue's size, polled every 2 ms with ``broker.join``). That
   costs the job nothing, unlike an ``INCR`` per job, so it favours dramatiq.
 
-Before each timed round, one untimed job goes through and is waited for, so a
-dramatiq consumer that backed off while idle (up to a second) is awake again.
+Each variant first runs one untimed round. Before each timed round, one
+untimed job goes through and is waited for, so a dramatiq consumer that backed
+off while idle (up to a second) is awake again.
 A sanity row per variant counts failed jobs (zqsync's ``jobs_failed``,
 dramatiq's dead letters); both should be 0.
 
@@ -247,6 +248,8 @@ def measure(settings: Settings, layout: str, mode: str) -> list[Row]:
         variants = {"zqsync": zqsync_variant(client, worker)}
         if skipped is None:
             variants[PEER] = stack.enter_context(dramatiq_variant(scratch, os.sched_getaffinity(worker.pid)))
+        for variant in variants.values():  # an untimed round each: connections, caches, the worker's pools
+            time_round(variant, settings.jobs)
         throughput: dict[str, list[float]] = {name: [] for name in variants}
         with progress(settings.rounds * len(variants), f"{mode}: end to end") as bar:
             for name in interleaved(list(variants), settings.rounds, bar):
