@@ -30,7 +30,10 @@ Each variant first runs one untimed round. Before each timed round, one
 untimed job goes through and is waited for, so a dramatiq consumer that backed
 off while idle (up to a second) is awake again.
 A sanity row per variant counts failed jobs (zqsync's ``jobs_failed``,
-dramatiq's dead letters); both should be 0.
+dramatiq's dead letters); both should be 0. One more row gives the zqsync
+worker's CPU time per job over the timed rounds (user and system, every
+thread, read from ``/proc``; the stats polls included): on one CPU, the
+worker's own ceiling is one job per that many microseconds.
 
 Plain mode runs here; gevent mode (the client monkey-patched, as in a gevent
 web app) runs in a subprocess of this script (``--gevent``). It prints one
@@ -223,6 +226,13 @@ def dramatiq_variant(scratch: str, cpus: set[int]) -> Iterator[Variant]:
 # -- measuring --------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds process ``pid`` has used so far, all its threads (from ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def time_round(variant: Variant, jobs: int) -> float:
     """Jobs per second, from the first of ``jobs`` enqueues until the worker has executed them all.
 
@@ -251,11 +261,15 @@ def measure(settings: Settings, layout: str, mode: str) -> list[Row]:
         for variant in variants.values():  # an untimed round each: connections, caches, the worker's pools
             time_round(variant, settings.jobs)
         throughput: dict[str, list[float]] = {name: [] for name in variants}
+        worker_cpu = -cpu_seconds(worker.pid)
         with progress(settings.rounds * len(variants), f"{mode}: end to end") as bar:
             for name in interleaved(list(variants), settings.rounds, bar):
                 throughput[name].append(time_round(variants[name], settings.jobs))
+        worker_cpu += cpu_seconds(worker.pid)
         failed = {name: variant.failed() for name, variant in variants.items()}
-    return result_rows(mode, throughput, failed, skipped)
+    per_job = Row(mode, "zqsync worker: CPU per job, all threads, with the stats polls", worker_cpu * 1e6 /
+                  (settings.rounds * (settings.jobs + 1)), "us")
+    return [*result_rows(mode, throughput, failed, skipped), per_job]
 
 
 def result_rows(mode: str, throughput: dict[str, list[float]], failed: dict[str, int],
