@@ -135,8 +135,11 @@ class Variant(NamedTuple):
 
 @contextlib.contextmanager
 def spawning_on(cpus: set[int]) -> Iterator[None]:
-    """Processes started in the block inherit ``cpus``: this thread's affinity, restored on the way out."""
-    if not hasattr(os, "sched_setaffinity"):
+    """Processes started in the block inherit ``cpus``: this thread's affinity, restored on the way out.
+
+    A no-op for an empty ``cpus`` or where affinity is not supported (not Linux).
+    """
+    if not cpus or not hasattr(os, "sched_setaffinity"):
         yield
         return
     before = os.sched_getaffinity(0)
@@ -257,7 +260,8 @@ def measure(settings: Settings, layout: str, mode: str) -> list[Row]:
         client = stack.enter_context(zqsync.Client(worker.endpoint, congestion="block"))
         variants = {"zqsync": zqsync_variant(client, worker)}
         if skipped is None:
-            variants[PEER] = stack.enter_context(dramatiq_variant(scratch, os.sched_getaffinity(worker.pid)))
+            cpus = os.sched_getaffinity(worker.pid) if hasattr(os, "sched_getaffinity") else set()
+            variants[PEER] = stack.enter_context(dramatiq_variant(scratch, cpus))
         for variant in variants.values():  # an untimed round each: connections, caches, the worker's pools
             time_round(variant, settings.jobs)
         throughput: dict[str, list[float]] = {name: [] for name in variants}
