@@ -270,7 +270,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", type=os.path.abspath,
                         help="also draw latency distributions and ratios (needs matplotlib)")
     parser.add_argument("--only", action="append", metavar="NAME",
-                        help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, fork, gunicorn)")
+                        help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, endtoend, fork, gunicorn)")
 
 
 def bench_argv(args: argparse.Namespace) -> list[str]:
