@@ -150,7 +150,7 @@ class JobBook:
             "worker", "pid"}``.
         """
         _check_id(job_id)
-        status = {"id": job_id, "state": "unknown", "task": None, "attempts": 0, "result": None, "error": None,
+        status: dict[str, Any] = {"id": job_id, "state": "unknown", "task": None, "attempts": 0, "result": None, "error": None,
                   "enqueued_at": None, "started_at": None, "finished_at": None, "due": None}
         row = self._row(job_id)
         if row is not None:
