@@ -422,12 +422,20 @@ class Journal:
                 (*wanted, limit, offset))]
 
     def cancel(self, job_id: str) -> bool:
-        """Mark a pending (or delayed) job ``cancelled``, so that it never starts; returns whether it was
-        pending. An attempt already running elsewhere finishes, but its outcome does not replace the mark."""
+        """Mark a pending (or delayed, or waiting for a retry) job ``cancelled``, so that it never starts
+        again; returns whether it did. A job running in a live process is left alone (only that process
+        can interrupt it): this returns ``False`` for it."""
         now = time.time()
-        return bool(self._transaction(lambda db: db.execute(
-            "UPDATE jobs SET state = 'cancelled', running = 0, replay = 0, updated_at = ?, finished_at = ?"
-            " WHERE id = ? AND state = 'pending'", (now, now, job_id)).rowcount))
+
+        def cancel(db: sqlite3.Connection) -> bool:
+            row = db.execute("SELECT running, owner FROM jobs WHERE id = ? AND state = 'pending'", (job_id,)).fetchone()
+            if row is None or (row[0] and self.owner_alive(row[1])):
+                return False
+            db.execute("UPDATE jobs SET state = 'cancelled', running = 0, replay = 0, updated_at = ?,"
+                       " finished_at = ? WHERE id = ?", (now, now, job_id))
+            return True
+
+        return bool(self._transaction(cancel))
 
     def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
         """Every job in ``states``, oldest first, read ``batch`` rows at a time."""

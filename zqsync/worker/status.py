@@ -196,7 +196,7 @@ class JobBook:
         running = self._running.get(job_id)
         if running is not None:
             log.info("cancelling job %s (%s) while it runs", job_id, running.task)
-            gevent.kill(running.greenlet, Cancelled(job_id), block=False)
+            gevent.kill(running.greenlet, Cancelled(job_id))
             running.greenlet.join(timeout=5.0)
             return {**self.job(job_id), "cancelled": True}
         done = self.journal is not None and gevent.get_hub().threadpool.apply(self.journal.cancel, (job_id,))
