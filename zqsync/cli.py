@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(commands, common)
     _add_jobs(commands, common)
     _add_client_commands(commands, common, curve_client)
+    _add_job(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
     _add_keygen(commands, common)
     _add_demo(commands, common)
@@ -208,6 +209,25 @@ def _add_client_commands(commands: Any, common: argparse.ArgumentParser, curve_c
             sub.add_argument("--confirm", action="store_true",
                              help="wait until the worker has journaled the job (it then runs at least once); an "
                              "unknown task or a worker without --state-dir fails with a non-zero exit")
+            sub.add_argument("--delay", type=_seconds, metavar="SECONDS",
+                             help="run the job no earlier than SECONDS from now (journaled: implies --confirm)")
+            sub.add_argument("--store-result", action="store_true",
+                             help="ask the worker to keep a plain job's status and result ('zqsync job')")
+
+
+def _add_job(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync job``: the status or result of one job id."""
+    job = commands.add_parser(
+        "job", parents=[common, curve_client], help="show a job's status, or wait for its result",
+        description="Ask the workers (the job id's preferred one first) for a job's status: pending, scheduled, "
+        "running, done, failed, dead, cancelled, or unknown (no worker that answered holds it). With --wait, "
+        "wait up to SECONDS for it to finish and print its result as JSON; a failed job exits 1 with its error.",
+        epilog=EPILOG,
+    )
+    job.add_argument("endpoints", metavar="ENDPOINT", nargs="+", help="worker base endpoint(s)")
+    job.add_argument("job_id", metavar="ID", help="the job id")
+    job.add_argument("--wait", type=_seconds, metavar="SECONDS", help="wait for the result (long-poll)")
+    job.set_defaults(handler=cmd_job)
 
 
 def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
@@ -497,9 +517,26 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     """``zqsync enqueue``: print the job id. :raises ZqsyncError: not sent, or (``--confirm``) refused."""
     with _client(args) as client:
         job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout,
-                                             confirm=args.confirm)
+                                             confirm=args.confirm, delay=args.delay, store_result=args.store_result)
     print(job_id)
     return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """``zqsync job``: print a job's status as JSON, or (``--wait``) its result.
+
+    :raises ZqsyncError: no answer in time; with ``--wait``, the job's error (exit status 1).
+    """
+    args.endpoint = args.endpoints
+    with _client(args) as client:
+        if args.wait is not None:
+            print(json.dumps(client.result(args.job_id, timeout=args.wait), default=repr))
+            return 0
+        status = client.job(args.job_id)
+    fields = dataclasses.asdict(status)
+    fields["error"] = None if status.error is None else f"{status.error.remote_type}: {status.error.remote_message}"
+    print(json.dumps(fields, default=repr))
+    return 0 if status.state != "unknown" else 1
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

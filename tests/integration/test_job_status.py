@@ -3,14 +3,17 @@ plain jobs kept on request (the worker's memory), found on whichever worker hold
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
 
 import zqsync
+from tests.helpers import slack, wait_for
 from zqsync.client.rendezvous import rank
 from zqsync.wire.endpoints import split_endpoint
-from tests.helpers import slack, wait_for
 
 TASKS = "tests.integration.job_tasks:registry"
 
@@ -93,3 +96,19 @@ def test_a_job_held_by_a_worker_other_than_the_preferred_one_is_found_there(zq_w
         statuses = [client.job(job_id) for job_id in ids]
     assert results == [[index, other.pid] for index in range(len(ids))]
     assert {(status.state, status.worker, status.pid) for status in statuses} == {("done", other.endpoint, other.pid)}
+
+
+@pytest.mark.timeout(90)
+def test_the_cli_enqueues_a_delayed_job_and_waits_for_its_result(journaled, tmp_path):
+    def zqsync_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "zqsync", *args], capture_output=True, text=True, timeout=60)
+
+    sent = zqsync_cli("enqueue", journaled.endpoint, "add", "2", "5", "--delay", "0.5")
+    assert sent.returncode == 0, sent.stderr
+    job_id = sent.stdout.strip()
+    waited = zqsync_cli("job", journaled.endpoint, job_id, "--wait", str(slack(20)))
+    assert (waited.returncode, waited.stdout.strip()) == (0, "7"), waited.stderr
+    shown = zqsync_cli("job", journaled.endpoint, job_id)
+    status = json.loads(shown.stdout)
+    assert (status["state"], status["result"], status["attempts"], status["worker"]) == ("done", 7, 1, journaled.endpoint)
+    assert zqsync_cli("job", journaled.endpoint, "never-sent").returncode == 1
