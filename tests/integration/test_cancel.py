@@ -45,7 +45,9 @@ def test_a_cancelled_delayed_job_never_runs(journaled, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_running_task_is_interrupted_and_recorded_cancelled_and_the_worker_goes_on(journaled, tmp_path):
+def test_a_running_task_is_interrupted_and_recorded_cancelled_and_the_worker_goes_on(zq_worker, tmp_path):
+    # One task slot, held by the task: the cancel (an admin call) must not wait for a slot.
+    journaled = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state")], concurrency=1)
     out = tmp_path / "out"
     with zqsync.Client(journaled.endpoint) as client:
         job_id = client.enqueue_with_options("slow", args=(str(out), "long", 30.0), confirm=True)
