@@ -45,3 +45,10 @@ def slow(path, key, seconds):
     gevent.sleep(seconds)
     _append(path, f"end {key}")
     return key
+
+
+@registry.task(retries=2, backoff=1.0)
+def failing(path, key):
+    """Appends ``key`` and fails, every attempt (three in all)."""
+    _append(path, key)
+    raise RuntimeError("fails every time")

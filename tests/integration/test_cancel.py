@@ -89,3 +89,17 @@ def test_the_cli_cancels_a_delayed_job_in_the_journal_and_a_running_one_over_rpc
         assert remote.returncode == 0 and f"{running}: cancelled" in remote.stdout, remote.stderr
         assert [client.job(job_id).state for job_id in (delayed, running)] == ["cancelled", "cancelled"]
     assert lines(out) == ["start long"]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_cancelled_while_it_waits_for_a_retry_is_not_retried(journaled, tmp_path):
+    out, marks = tmp_path / "out", tmp_path / "marks"
+    with zqsync.Client(journaled.endpoint) as client:
+        job_id = client.enqueue_with_options("failing", args=(str(out), "f"), confirm=True)
+        wait_for(lambda: client.job(job_id).state == "scheduled", what="the first attempt to fail")
+        assert client.cancel(job_id).state == "cancelled"
+        marker = client.enqueue_with_options("stamp", args=(str(marks), "m"), delay=2.0)  # past the 1 s backoff
+        assert client.result(marker, timeout=slack(20)) == "m"
+        status = client.job(job_id)
+    assert (status.state, status.attempts) == ("cancelled", 1)
+    assert lines(out) == ["f"], "a cancelled job must not run again when its retry timer fires"
