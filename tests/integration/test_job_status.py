@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -112,3 +113,34 @@ def test_the_cli_enqueues_a_delayed_job_and_waits_for_its_result(journaled, tmp_
     status = json.loads(shown.stdout)
     assert (status["state"], status["result"], status["attempts"], status["worker"]) == ("done", 7, 1, journaled.endpoint)
     assert zqsync_cli("job", journaled.endpoint, "never-sent").returncode == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_waiting_long_poll_does_not_hold_up_a_worker_stop(zq_worker, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    worker = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state"), "--graceful-timeout", "1"])
+    outcome: list = []
+    with zqsync.Client(worker.endpoint) as client:
+        job_id = client.enqueue_with_options("slow", args=(str(out), "w", 60.0), confirm=True)
+        wait_for(lambda: out.exists(), what="the job to start")
+        sent: list[str] = []
+        send = client._call_at
+        monkeypatch.setattr(client, "_call_at", lambda name, *rest, **kw: sent.append(name) or send(name, *rest, **kw))
+        waiter = threading.Thread(target=lambda: outcome.append(_raised(client.result, job_id, timeout=slack(40))))
+        waiter.start()
+        wait_for(lambda: "zqsync.result" in sent, what="the long-poll to be sent")
+        started = time.monotonic()
+        worker.stop(timeout=slack(30))
+        stopped_in = time.monotonic() - started
+        waiter.join(timeout=slack(60))
+    print(f"worker stop with a long-poll waiting: {stopped_in:.2f} s")
+    assert stopped_in < slack(4), f"the stop took {stopped_in:.1f} s (1 s of grace for the task)"
+    assert outcome and isinstance(outcome[0], zqsync.ZqsyncError), outcome
+
+
+def _raised(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # the test looks at what was raised
+        return exc
+    return None

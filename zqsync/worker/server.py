@@ -364,6 +364,7 @@ class Worker:
         cold if another stop signal arrives meanwhile. Blocks the calling greenlet.
         """
         self._stopping = True
+        self.scheduler.book.close()
         gevent.killall(self._receivers[:1])
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()

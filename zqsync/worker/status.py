@@ -91,6 +91,7 @@ class JobBook:
         self._kept: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._waiters: dict[str, list[gevent.event.Event]] = {}
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._closing = False
 
     # -- the scheduler's side ----------------------------------------------
 
@@ -120,6 +121,12 @@ class JobBook:
     def take_cancel(self, job_id: str) -> bool:
         """Whether a plain job about to start was cancelled meanwhile (the mark is used up)."""
         return self._cancelled.pop(job_id, False) is None
+
+    def close(self) -> None:
+        """The worker is stopping: every long-poll answers now (its client asks again, elsewhere or later)."""
+        self._closing = True
+        for job_id in list(self._waiters):
+            self._notify(job_id)
 
     def _keep(self, job_id: str, status: dict[str, Any]) -> None:
         self._kept[job_id] = status
@@ -164,14 +171,15 @@ class JobBook:
 
     def result(self, job_id: str, timeout: float = 10.0) -> dict[str, Any]:
         """``zqsync.result``: wait up to ``timeout`` seconds (at most :data:`MAX_WAIT`) for ``job_id`` to
-        finish, then return its status as :meth:`job` (finished or not). Blocks only the calling greenlet."""
+        finish, then return its status as :meth:`job` (finished or not). Blocks only the calling greenlet;
+        answers at once while the worker stops."""
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < float("inf"):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
         deadline = time.monotonic() + min(float(timeout), MAX_WAIT)
         while True:
             status = self.job(job_id)
             remaining = deadline - time.monotonic()
-            if status["state"] in TERMINAL or remaining <= 0:
+            if status["state"] in TERMINAL or remaining <= 0 or self._closing:
                 return status
             event = gevent.event.Event()
             self._waiters.setdefault(job_id, []).append(event)
