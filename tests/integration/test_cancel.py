@@ -101,5 +101,21 @@ def test_a_job_cancelled_while_it_waits_for_a_retry_is_not_retried(journaled, tm
         marker = client.enqueue_with_options("stamp", args=(str(marks), "m"), delay=2.0)  # past the 1 s backoff
         assert client.result(marker, timeout=slack(20)) == "m"
         status = client.job(job_id)
+        with pytest.raises(zqsync.JobCancelled):
+            client.result(job_id, timeout=slack(5))
     assert (status.state, status.attempts) == ("cancelled", 1)
     assert lines(out) == ["f"], "a cancelled job must not run again when its retry timer fires"
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_plain_job_cancelled_while_it_waits_for_a_retry_is_not_retried(zq_worker, tmp_path):
+    worker, out = zq_worker(TASKS), tmp_path / "out"  # no journal: the status lives in the worker's memory
+    with zqsync.Client(worker.endpoint) as client:
+        job_id = client.enqueue_with_options("failing", args=(str(out), "p"), store_result=True)
+        wait_for(lambda: client.job(job_id).state == "scheduled", what="the first attempt to fail")
+        assert client.cancel(job_id).state == "cancelled"
+        wait_for(lambda: worker.stats()["jobs_retried"] == 1 and "skipped" in worker.output(),
+                 timeout=10, what="the retry timer to fire and the attempt to be skipped")
+        with pytest.raises(zqsync.JobCancelled):
+            client.result(job_id, timeout=slack(5))
+    assert lines(out) == ["p"]

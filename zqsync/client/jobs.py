@@ -79,8 +79,6 @@ class JobStatus:
                    unanswered: tuple[str, ...] = ()) -> "JobStatus":
         """Build from a worker's ``zqsync.job``/``zqsync.result``/``zqsync.cancel`` answer."""
         error = reply.get("error")
-        if reply.get("state") == "cancelled" and error is None:
-            error = {"type": "JobCancelled", "message": "the job was cancelled before it ran"}
         raised = None if error is None else remote_error(
             error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply["id"])
         known = reply.get("state") != "unknown"

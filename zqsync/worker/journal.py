@@ -86,6 +86,8 @@ FILENAME = "journal.sqlite3"
 OWNERS = "owners"
 #: The dead-letter reason of a job whose process died while it ran alone, retries exhausted.
 DIED = "worker died while running it"
+#: The error of a job cancelled before an attempt started.
+CANCELLED = "JobCancelled: the job was cancelled before it ran"
 #: ``running`` values.
 SHARED, ALONE = 1, 2
 
@@ -432,7 +434,7 @@ class Journal:
             if row is None or (row[0] and self.owner_alive(row[1])):
                 return False
             db.execute("UPDATE jobs SET state = 'cancelled', running = 0, replay = 0, updated_at = ?,"
-                       " finished_at = ? WHERE id = ?", (now, now, job_id))
+                       " finished_at = ?, error = ? WHERE id = ?", (now, now, CANCELLED, job_id))
             return True
 
         return bool(self._transaction(cancel))

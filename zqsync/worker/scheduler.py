@@ -260,6 +260,7 @@ class JobScheduler:
         attempts = job.attempts + 1
         job_id = job.request.id
         if not job.durable and self.book.take_cancel(job_id):
+            log.info("job %s (%s) was cancelled before this attempt: skipped", job_id, job.task.name)
             return
         if job.durable and not self._count_start(job, attempts):
             return

@@ -29,7 +29,7 @@ import gevent.event
 
 from ..errors import NoJournal, ProtocolError
 from ..wire import envelope
-from .journal import Journal, Row
+from .journal import CANCELLED, Journal, Row
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class JobBook:
         done = self.journal is not None and gevent.get_hub().threadpool.apply(self.journal.cancel, (job_id,))
         kept = self._kept.get(job_id)
         if not done and kept is not None and kept["state"] in ("pending", "scheduled"):
-            kept.update(state="cancelled", finished_at=time.time())
+            kept.update(state="cancelled", finished_at=time.time(), error=_error(CANCELLED))
             self._cancelled[job_id] = None
             while len(self._cancelled) > MAX_KEPT:
                 self._cancelled.popitem(last=False)
