@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 #: States after which a job never changes again.
 TERMINAL = ("done", "failed", "dead", "cancelled")
-#: Every state a status can report.
-STATES = ("pending", "scheduled", "running", *TERMINAL, "unknown")
 #: Most plain-job statuses one process keeps in memory (oldest dropped first).
 MAX_KEPT = 10_000
 #: Longest single ``zqsync.result`` long-poll, seconds (clients call again for longer waits).
@@ -308,4 +306,4 @@ def _check_id(job_id: Any) -> None:
         raise ValueError(f"job_id must be a non-empty str of at most {envelope.MAX_ID} characters, got {job_id!r}")
 
 
-__all__ = ["Cancelled", "JobBook", "STATES", "TERMINAL"]
+__all__ = ["Cancelled", "JobBook", "TERMINAL"]
