@@ -245,12 +245,11 @@ class JobScheduler:
         attempts = job.attempts + 1
         if job.durable and not self._count_start(job, attempts):
             return
-        ok, value = self.runner.run(job.task, job.request)
+        ok, value, delay = self.runner.run_job(job.task, job.request, attempts)
         if ok:
             self.runner.counters["jobs_succeeded"] += 1
             self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, None))
             return
-        delay = job.task.retry_delay(attempts)
         if delay is None:
             self._give_up(job, attempts, value)
             return
@@ -262,7 +261,7 @@ class JobScheduler:
 
     def _count_start(self, job: Job, attempts: int) -> bool:
         """Journal that attempt ``attempts`` starts, before it does; ``False`` (retried later) if that fails."""
-        backoff = job.task.backoff * 2 ** (attempts - 1)
+        backoff = job.task.backoff_for(attempts)
         start = Start(job.request.id, ALONE if job.alone else SHARED, time.time() + backoff)
         try:
             self._write("start", start)
