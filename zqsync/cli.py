@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_worker(commands, common)
     _add_jobs(commands, common)
+    _add_beat(commands, common, curve_client)
     _add_client_commands(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
     _add_keygen(commands, common)
@@ -186,6 +187,21 @@ def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("--all-dead", action="store_true", help="requeue every dead job")
     jobs.add_argument("--older-than", type=_age, metavar="AGE", help="purge: rows last updated before AGE ago (7d)")
     jobs.set_defaults(handler=cmd_jobs)
+
+
+def _add_beat(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync beat``: enqueue a registry's periodic tasks on their schedules."""
+    beat = commands.add_parser(
+        "beat", parents=[common, curve_client], help="enqueue the periodic tasks of a registry on their schedules",
+        description="A scheduler that is only a client: for each tick of every @registry.periodic task it "
+        "enqueues a confirmed job whose id is derived from the task name and the tick, so the workers' journals "
+        "run each tick once even with two beats running, or after a restart. Workers need --state-dir; every "
+        "beat must list the same endpoints. Stops on TERM or INT.",
+        epilog=EPILOG,
+    )
+    beat.add_argument("app", metavar="MODULE[:ATTR]", help="the task module and its Registry (ATTR default: registry)")
+    beat.add_argument("endpoints", nargs="+", metavar="ENDPOINT", help="worker base endpoints, tcp://HOST:PORT")
+    beat.set_defaults(handler=cmd_beat)
 
 
 def _add_client_commands(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
@@ -435,14 +451,34 @@ def _purge(journal: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace, endpoints: Any = None) -> Any:
     from .client.client import Client
     from .wire.curve import Curve
 
     if bool(args.curve_server_key) != bool(args.curve_secret_key):
         raise SystemExit(f"zqsync {args.command}: --curve-server-key and --curve-secret-key go together")
     curve = Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
-    return Client(args.endpoint, curve=curve)
+    return Client(endpoints or args.endpoint, curve=curve)
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """``zqsync beat``: send ticks until TERM or INT; blocks. :raises ZqsyncError: a bad schedule or endpoint."""
+    import signal
+
+    from .beat import Beat
+
+    registry = load_registry(args.app)
+    with _client(args, args.endpoints) as client:
+        def enqueue(task: str, task_args: tuple, kwargs: dict, job_id: str) -> None:
+            client.enqueue_with_options(task, args=task_args, kwargs=kwargs, confirm=True, job_id=job_id)
+
+        beat = Beat(list(registry.periodic_jobs.values()), enqueue)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: beat.stop())
+        logging.getLogger(__name__).info("beat: %d periodic task(s) to %s", len(beat.schedules), ", ".join(args.endpoints))
+        beat.run()
+    logging.getLogger(__name__).info("beat stopped: %s", beat.counters)
+    return 0
 
 
 def cmd_call(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, NamedTuple, Optional, TypeVar, overload
 
+from ..beat import Periodic
 from ..errors import ConfigurationError
 from ..wire.envelope import MAX_TASK_NAME
 
@@ -135,6 +136,8 @@ class Registry:
 
     def __init__(self, middleware: tuple[Middleware, ...] = ()) -> None:
         self._tasks: dict[str, Task] = {}
+        #: ``{task name: schedule}`` of the tasks ``zqsync beat`` enqueues (:meth:`periodic`).
+        self.periodic_jobs: dict[str, Periodic] = {}
         self.middleware: list[Middleware] = []
         for each in middleware:
             self.add_middleware(each)
@@ -209,6 +212,43 @@ class Registry:
         task = Task(task_name, fn, **_checked_options(**options))
         self._tasks[task_name] = task
         return task
+
+    def periodic(
+        self,
+        *,
+        every: Optional[float] = None,
+        cron: Optional[str] = None,
+        catch_up: str = "skip",
+        args: tuple = (),
+        kwargs: Optional[dict] = None,
+        name: Optional[str] = None,
+        **options: Any,
+    ) -> Callable[[F], F]:
+        """Register a task that ``zqsync beat MODULE:registry ENDPOINT...`` enqueues on a schedule.
+
+        Usage: ``@registry.periodic(cron="*/5 * * * *")`` or ``@registry.periodic(every=30.0)``.
+        Each tick is a confirmed job with an id derived from the task name and
+        the tick (``zqsync/beat.py``), so it needs workers with ``--state-dir``.
+
+        :param every: seconds between ticks (float >= 0.001), aligned on the epoch.
+        :param cron: a five-field cron expression, in UTC (needs ``cronsim``: the ``beat`` extra).
+        :param catch_up: ``"skip"`` (default): ticks that passed while no beat
+            ran are never run; ``"latest"``: the most recent of them runs once.
+        :param args: the job's positional arguments (msgpack-encodable).
+        :param kwargs: the job's keyword arguments.
+        :param name: the task name; ``options`` are :meth:`task`'s.
+        :raises ConfigurationError: as :meth:`task`, or the schedule is invalid
+            (neither or both of ``every`` and ``cron``, a bad expression, an unknown ``catch_up``).
+        """
+
+        def register(function: F) -> F:
+            label = name or getattr(function, "__name__", "")
+            schedule = Periodic.build(label, every=every, cron=cron, catch_up=catch_up, args=args, kwargs=kwargs)
+            task = self.add(function, name=name, **options)
+            self.periodic_jobs[task.name] = schedule._replace(task=task.name)
+            return function
+
+        return register
 
     def get(self, name: str) -> Optional[Task]:
         """The task registered as ``name``, or ``None``."""
