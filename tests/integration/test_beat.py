@@ -54,6 +54,7 @@ def test_two_beats_and_a_restart_run_each_tick_exactly_once(zq_worker, tmp_path)
     assert codes == [0, 0], (tmp_path / "beat-a.log").read_text() + (tmp_path / "beat-b.log").read_text()
     wait_for(lambda: _runs(runs) == len(_done_ticks(state)) > 0, what="every journaled tick has run")
     ticks = _done_ticks(state)
+    assert len(set(ticks)) == len(ticks), "a tick was journaled under two ids, and ran twice"
     assert ticks == list(range(ticks[0], ticks[-1] + 1, 1000)), "a tick is missing"
     assert len(ticks) >= SECONDS - 4
     assert _runs(runs) == len(ticks)  # one run per tick: no tick ran twice
