@@ -242,7 +242,7 @@ class Registry:
         """
 
         def register(function: F) -> F:
-            label = name or getattr(function, "__name__", "")
+            label = str(name or getattr(function, "__name__", ""))
             schedule = Periodic.build(label, every=every, cron=cron, catch_up=catch_up, args=args, kwargs=kwargs)
             task = self.add(function, name=name, **options)
             self.periodic_jobs[task.name] = schedule._replace(task=task.name)
