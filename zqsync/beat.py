@@ -115,16 +115,19 @@ class Beat:
     :param enqueue: ``enqueue(task, args, kwargs, job_id)``; raises
         :class:`~zqsync.errors.ZqsyncError` when the job was not confirmed.
     :param clock: wall-clock epoch seconds (replaceable in tests).
+    :param wait: ``wait(seconds)`` sleeps until then or until :meth:`stop`
+        (default: the stop event's ``wait``; replaceable in tests).
     """
 
     def __init__(self, schedules: list[Periodic], enqueue: Callable[[str, tuple, dict, str], Any], *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, wait: Optional[Callable[[float], Any]] = None) -> None:
         if not schedules:
             raise ConfigurationError("no periodic tasks: declare some with @registry.periodic(...)", setting="app")
         self.schedules = list(schedules)
         self.enqueue = enqueue
         self.clock = clock
         self.stopping = threading.Event()
+        self.wait = wait or self.stopping.wait
         self.counters = {"ticks_sent": 0, "ticks_failed": 0, "ticks_skipped": 0}
 
     def run(self) -> None:
@@ -136,7 +139,7 @@ class Beat:
             index = min(range(len(due)), key=due.__getitem__)
             wait = due[index] - self.clock()
             if wait > 0:
-                self.stopping.wait(wait)
+                self.wait(wait)
                 continue
             self._send(self.schedules[index], due[index])
             due[index] = self._following(self.schedules[index], due[index])

@@ -23,15 +23,12 @@ def _beat(schedules, clock, sent, fail=()):
         if job_id in fail:
             raise Unconfirmed(job_id, 1.0, "no worker")
 
-    beat = Beat(schedules, enqueue, clock=clock)
-
     def wait(seconds):  # the loop's sleep: advance the clock; stop after 10 ticks were sent
         clock.now += seconds
         if len(sent) >= 10:
             beat.stop()
-        return beat.stopping.is_set()
 
-    beat.stopping.wait = wait
+    beat = Beat(schedules, enqueue, clock=clock, wait=wait)
     return beat
 
 
@@ -76,8 +73,12 @@ def test_a_late_beat_skips_the_ticks_that_passed_or_all_but_the_latest(catch_up,
         if len(sent) == 2:
             clock.now += 29.0  # this send blocked for 29 s, past 29 ticks
 
-    beat = Beat([periodic], enqueue, clock=clock)
-    beat.stopping.wait = lambda seconds: setattr(clock, "now", clock.now + seconds) or (len(sent) >= 4 and beat.stop())
+    def wait(seconds):
+        clock.now += seconds
+        if len(sent) >= 4:
+            beat.stop()
+
+    beat = Beat([periodic], enqueue, clock=clock, wait=wait)
     beat.run()
     expected = [101.0 if catch_up == "skip" else 100.0]
     expected += [expected[0] + 1, resumed_at, resumed_at + 1]

@@ -75,8 +75,8 @@ class Client:
         if (endpoints is None) == (self._routes.default is None):
             raise ConfigurationError("give a Client its default workers as endpoints or as the '*' route "
                                      "(one of them)", setting="endpoints")
-        endpoints = self._routes.default if endpoints is None else endpoints
-        names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        chosen = endpoints if endpoints is not None else self._routes.default or ()
+        names = [chosen] if isinstance(chosen, str) else list(chosen)
         own = tuple(names)
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
