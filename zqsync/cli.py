@@ -296,9 +296,10 @@ def bench_argv(args: argparse.Namespace) -> list[str]:
     return argv + [item for name in args.only or [] for item in ("--only", name)]
 
 
-def load_registry(app: str) -> Any:
+def load_registry(app: str, command: str = "worker") -> Any:
     """Import ``MODULE[:ATTR]`` (ATTR defaults to ``registry``) with the cwd on ``sys.path``.
 
+    :param command: the subcommand that the error messages name.
     :raises SystemExit: with a clear message if the module or attribute is missing
         or is not a :class:`zqsync.worker.Registry`.
     """
@@ -311,12 +312,12 @@ def load_registry(app: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SystemExit(f"zqsync worker: cannot import {module_name!r}: {exc}") from exc
+        raise SystemExit(f"zqsync {command}: cannot import {module_name!r}: {exc}") from exc
     if not hasattr(module, attr):
-        raise SystemExit(f"zqsync worker: module {module_name!r} has no attribute {attr!r}")
+        raise SystemExit(f"zqsync {command}: module {module_name!r} has no attribute {attr!r}")
     registry = getattr(module, attr)
     if not isinstance(registry, Registry):
-        raise SystemExit(f"zqsync worker: {module_name}.{attr} is {type(registry).__name__}, not a zqsync.worker.Registry")
+        raise SystemExit(f"zqsync {command}: {module_name}.{attr} is {type(registry).__name__}, not a zqsync.worker.Registry")
     return registry
 
 
@@ -467,7 +468,7 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
     from .beat import Beat
 
-    registry = load_registry(args.app)
+    registry = load_registry(args.app, "beat")
     with _client(args, args.endpoints) as client:
         def enqueue(task: str, task_args: tuple, kwargs: dict, job_id: str) -> None:
             client.enqueue_with_options(task, args=task_args, kwargs=kwargs, confirm=True, job_id=job_id)
