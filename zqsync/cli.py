@@ -127,6 +127,11 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="seconds a TERM/INT waits for in-flight tasks and queued jobs; then it kills "
                         "the tasks and counts and logs the jobs it discards "
                         f"(default: {settings.GRACEFUL_TIMEOUT})")
+    worker.add_argument("--queue", action="append", dest="queues", default=[], metavar="NAME[:N]=ENDPOINT",
+                        help="a named queue of plain jobs with its own jobs socket and N task slots (default: "
+                        "--concurrency); repeat it, highest priority first: a queue takes a job only when none "
+                        "above it has one waiting that it could start, and the --bind jobs socket ranks last. "
+                        "Calls and confirmed jobs use --bind. Not with --processes")
     worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
     worker.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                         help="run N worker processes behind --bind under a prefork supervisor that restarts "
@@ -338,6 +343,8 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
 def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.processes:
+        if args.queues:
+            raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
         return _run_supervisor(args)
     from gevent import monkey
 
