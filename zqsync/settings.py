@@ -218,13 +218,17 @@ def _queues(name: str, value: Any) -> tuple[QueueSpec, ...]:
             specs.append(item)
             continue
         match = _QUEUE.match(str(item))
-        if match is None:
-            raise ConfigurationError(f"a queue is NAME[:CONCURRENCY]=tcp://HOST:PORT, got {item!r}", setting=name)
-        concurrency = None if match[2] is None else _positive_int(name, match[2])
-        specs.append(QueueSpec(match[1], concurrency, _bind(name, match[3])))
+        try:
+            if match is None:
+                raise ConfigurationError("not NAME[:CONCURRENCY]=ENDPOINT")
+            concurrency = None if match[2] is None else _positive_int("concurrency", match[2])
+            specs.append(QueueSpec(match[1], concurrency, _bind(name, match[3])))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"a queue is NAME[:CONCURRENCY]=tcp://HOST:PORT, got {item!r}: {exc}",
+                                     setting="queue") from None
     names = [spec.name for spec in specs]
     if len(set(names)) != len(names):
-        raise ConfigurationError(f"queue names must differ, got {names}", setting=name)
+        raise ConfigurationError(f"queue names must differ, got {names}", setting="queue")
     return tuple(specs)
 
 

@@ -1,5 +1,7 @@
 """Named worker queues: under a flood of low-priority jobs, high-priority jobs still start at once."""
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -44,3 +46,14 @@ def test_a_warm_stop_runs_the_jobs_waiting_in_a_named_queue(zq_worker, tmp_path)
         assert worker.stop() == 0
     assert len(runs.read_text().split()) == 30, worker.output()
     assert "discarded" not in worker.output()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--processes", "2", "--queue", "high=tcp://127.0.0.1:0"], "--queue needs a single process"),
+    (["--queue", "high=nowhere"], "--queue: a queue is NAME[:CONCURRENCY]=tcp://HOST:PORT, got 'high=nowhere'"),
+    (["--queue", "a=tcp://127.0.0.1:0", "--queue", "a=tcp://127.0.0.1:0"], "queue names must differ"),
+])
+def test_queue_flags_that_cannot_work_are_refused(flags, message):
+    result = subprocess.run([sys.executable, "-m", "zqsync", "worker", APP, "--bind", "tcp://127.0.0.1:0", *flags],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
