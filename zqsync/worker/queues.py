@@ -58,9 +58,14 @@ class JobQueue:
         return sock
 
     def waiting(self) -> bool:
-        """Whether a job waits on this queue and a slot is free to start it."""
+        """Whether a job waits on this queue and a slot is free to start it.
+
+        Reads ``ZMQ_EVENTS`` through the green socket's ``get``, which passes
+        the readiness on to the greenlet waiting in ``recv``; the plain
+        ``getsockopt`` would consume the edge-triggered wakeup, and that
+        receiver would sleep until zmq.green's 11.6 s safety timeout."""
         return bool(self.sock is not None and self.pool.free_count()
-                    and int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+                    and int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN)
 
     def receive(self, run: Callable[[bytes], None]) -> None:
         """Receive and run jobs, forever (the queue's receiver greenlet)."""
