@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_worker(commands, common)
     _add_jobs(commands, common)
+    _add_beat(commands, common, curve_client)
     _add_client_commands(commands, common, curve_client)
     _add_job(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
@@ -127,6 +128,11 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="seconds a TERM/INT waits for in-flight tasks and queued jobs; then it kills "
                         "the tasks and counts and logs the jobs it discards "
                         f"(default: {settings.GRACEFUL_TIMEOUT})")
+    worker.add_argument("--queue", action="append", dest="queues", default=[], metavar="NAME[:N]=ENDPOINT",
+                        help="a named queue of plain jobs with its own jobs socket and N task slots (default: "
+                        "--concurrency); repeat it, highest priority first: a queue takes a job only when none "
+                        "above it has one waiting that it could start, and the --bind jobs socket ranks last. "
+                        "Calls and confirmed jobs use --bind. Not with --processes")
     worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
     worker.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                         help="run N worker processes behind --bind under a prefork supervisor that restarts "
@@ -191,6 +197,21 @@ def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("--all-dead", action="store_true", help="requeue every dead job")
     jobs.add_argument("--older-than", type=_age, metavar="AGE", help="purge: rows last updated before AGE ago (7d)")
     jobs.set_defaults(handler=cmd_jobs)
+
+
+def _add_beat(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync beat``: enqueue a registry's periodic tasks on their schedules."""
+    beat = commands.add_parser(
+        "beat", parents=[common, curve_client], help="enqueue the periodic tasks of a registry on their schedules",
+        description="A scheduler that is only a client: for each tick of every @registry.periodic task it "
+        "enqueues a confirmed job whose id is derived from the task name and the tick, so the workers' journals "
+        "run each tick once even with two beats running, or after a restart. Workers need --state-dir; every "
+        "beat must list the same endpoints. Stops on TERM or INT.",
+        epilog=EPILOG,
+    )
+    beat.add_argument("app", metavar="MODULE[:ATTR]", help="the task module and its Registry (ATTR default: registry)")
+    beat.add_argument("endpoints", nargs="+", metavar="ENDPOINT", help="worker base endpoints, tcp://HOST:PORT")
+    beat.set_defaults(handler=cmd_beat)
 
 
 def _add_client_commands(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
@@ -294,7 +315,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", type=os.path.abspath,
                         help="also draw latency distributions and ratios (needs matplotlib)")
     parser.add_argument("--only", action="append", metavar="NAME",
-                        help="run only this scenario; repeat for several (pool, zerorpc, congestion, rq, endtoend, fork, gunicorn)")
+                        help="run only this scenario; repeat for several "
+                             "(pool, zerorpc, congestion, rq, endtoend, fork, gunicorn)")
 
 
 def bench_argv(args: argparse.Namespace) -> list[str]:
@@ -304,9 +326,10 @@ def bench_argv(args: argparse.Namespace) -> list[str]:
     return argv + [item for name in args.only or [] for item in ("--only", name)]
 
 
-def load_registry(app: str) -> Any:
+def load_registry(app: str, command: str = "worker") -> Any:
     """Import ``MODULE[:ATTR]`` (ATTR defaults to ``registry``) with the cwd on ``sys.path``.
 
+    :param command: the subcommand that the error messages name.
     :raises SystemExit: with a clear message if the module or attribute is missing
         or is not a :class:`zqsync.worker.Registry`.
     """
@@ -319,12 +342,12 @@ def load_registry(app: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise SystemExit(f"zqsync worker: cannot import {module_name!r}: {exc}") from exc
+        raise SystemExit(f"zqsync {command}: cannot import {module_name!r}: {exc}") from exc
     if not hasattr(module, attr):
-        raise SystemExit(f"zqsync worker: module {module_name!r} has no attribute {attr!r}")
+        raise SystemExit(f"zqsync {command}: module {module_name!r} has no attribute {attr!r}")
     registry = getattr(module, attr)
     if not isinstance(registry, Registry):
-        raise SystemExit(f"zqsync worker: {module_name}.{attr} is {type(registry).__name__}, not a zqsync.worker.Registry")
+        raise SystemExit(f"zqsync {command}: {module_name}.{attr} is {type(registry).__name__}, not a zqsync.worker.Registry")
     return registry
 
 
@@ -345,6 +368,8 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
 def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.processes:
+        if args.queues:
+            raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
         return _run_supervisor(args)
     from gevent import monkey
 
@@ -495,14 +520,34 @@ def _purge(journal: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _client(args: argparse.Namespace, endpoints: Any = None) -> Any:
     from .client.client import Client
     from .wire.curve import Curve
 
     if bool(args.curve_server_key) != bool(args.curve_secret_key):
         raise SystemExit(f"zqsync {args.command}: --curve-server-key and --curve-secret-key go together")
     curve = Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
-    return Client(args.endpoint, curve=curve)
+    return Client(endpoints or args.endpoint, curve=curve)
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """``zqsync beat``: send ticks until TERM or INT; blocks. :raises ZqsyncError: a bad schedule or endpoint."""
+    import signal
+
+    from .beat import Beat
+
+    registry = load_registry(args.app, "beat")
+    with _client(args, args.endpoints) as client:
+        def enqueue(task: str, task_args: tuple, kwargs: dict, job_id: str) -> None:
+            client.enqueue_with_options(task, args=task_args, kwargs=kwargs, confirm=True, job_id=job_id)
+
+        beat = Beat(list(registry.periodic_jobs.values()), enqueue)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: beat.stop())
+        logging.getLogger(__name__).info("beat: %d periodic task(s) to %s", len(beat.schedules), ", ".join(args.endpoints))
+        beat.run()
+    logging.getLogger(__name__).info("beat stopped: %s", beat.counters)
+    return 0
 
 
 def cmd_call(args: argparse.Namespace) -> int:

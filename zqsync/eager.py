@@ -72,9 +72,9 @@ class EagerRecorder:
             raise remote_error("UnknownTask", f"no task named {request.task!r} is registered")
         attempts = 0
         while True:
-            ok, value = self.runner.run(task, request)
             attempts += 1
-            if ok or task.retry_delay(attempts) is None:
+            ok, value, delay = self.runner.run_job(task, request, attempts)
+            if delay is None:
                 break
         self.jobs.append(EagerJob(request.id, task.name, ok, value, attempts))
         if not ok and self.propagate:

@@ -24,8 +24,9 @@ class RateLimitedLog:
         self._held: dict[Hashable, int] = {}
         self._last: dict[Hashable, float] = {}
 
-    def warning(self, key: Hashable, message: str, *args: Any) -> None:
-        """Log ``message % args``, or count it if ``key`` was logged less than ``interval`` ago."""
+    def warning(self, key: Hashable, message: str, *args: Any, exc_info: bool = False) -> None:
+        """Log ``message % args`` (with the current traceback if ``exc_info``), or count it if ``key``
+        was logged less than ``interval`` ago."""
         now = self._clock()
         if now - self._last.get(key, -self.interval) < self.interval:
             self._held[key] = self._held.get(key, 0) + 1
@@ -33,4 +34,4 @@ class RateLimitedLog:
         self._last[key] = now
         held = self._held.pop(key, 0)
         suffix = f" (and {held} more like it in the last {self.interval:.0f} s)" if held else ""
-        self.logger.warning(message + suffix, *args)
+        self.logger.warning(message + suffix, *args, exc_info=exc_info)

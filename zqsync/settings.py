@@ -34,7 +34,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable, Mapping, Optional
+import re
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from .errors import ConfigurationError
 from .wire.endpoints import parse_endpoint
@@ -194,6 +195,43 @@ def _bind(name: str, value: Any) -> str:
     return str(value).strip()
 
 
+class QueueSpec(NamedTuple):
+    """A named job queue of a worker (``--queue NAME[:CONCURRENCY]=ENDPOINT``).
+
+    :ivar name: the queue's name (letters, digits, ``_``, ``-``).
+    :ivar concurrency: its own task slots, or ``None`` for the worker's ``concurrency``.
+    :ivar endpoint: ``tcp://HOST:PORT`` where its jobs (PULL) socket binds; port 0 picks one.
+    """
+
+    name: str
+    concurrency: Optional[int]
+    endpoint: str
+
+
+_QUEUE = re.compile(r"^([A-Za-z0-9_-]+)(?::(\d+))?=(.+)$")
+
+
+def _queues(name: str, value: Any) -> tuple[QueueSpec, ...]:
+    specs = []
+    for item in value or ():
+        if isinstance(item, QueueSpec):
+            specs.append(item)
+            continue
+        match = _QUEUE.match(str(item))
+        try:
+            if match is None:
+                raise ConfigurationError("not NAME[:CONCURRENCY]=ENDPOINT")
+            concurrency = None if match[2] is None else _positive_int("concurrency", match[2])
+            specs.append(QueueSpec(match[1], concurrency, _bind(name, match[3])))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"a queue is NAME[:CONCURRENCY]=tcp://HOST:PORT, got {item!r}: {exc}",
+                                     setting="queue") from None
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"queue names must differ, got {names}", setting="queue")
+    return tuple(specs)
+
+
 def _optional_path(name: str, value: Any) -> Any:
     if value is not None and not (isinstance(value, str) and value):
         raise ConfigurationError(f"{name} must be a path or None, got {value!r}", setting=name)
@@ -217,6 +255,8 @@ class WorkerSettings:
     :ivar hard_grace: seconds past a task's time limit before a blocked worker process ends (``watchdog.py``).
     :ivar curve_secret_key: the worker's ``.key_secret`` file; with ``allow_client_keys``, CURVE only.
     :ivar allow_client_keys: directory of allowed client public keys (``*.key``).
+    :ivar queues: named job queues, highest priority first (:class:`QueueSpec`,
+        or their ``NAME[:CONCURRENCY]=ENDPOINT`` text).
 
     Every field is checked when the object is built, by the same validators
     the client's settings use. :raises ConfigurationError: naming the field.
@@ -235,6 +275,7 @@ class WorkerSettings:
     hard_grace: float = HARD_GRACE
     curve_secret_key: Optional[str] = None
     allow_client_keys: Optional[str] = None
+    queues: tuple[QueueSpec, ...] = ()
 
     _CHECKS = {
         "bind": _bind,
@@ -250,6 +291,7 @@ class WorkerSettings:
         "hard_grace": _deadline,
         "curve_secret_key": _optional_path,
         "allow_client_keys": _optional_path,
+        "queues": _queues,
     }
 
     def __post_init__(self) -> None:

@@ -28,6 +28,7 @@ from .congestion import CongestionControl
 from .jobs import JobStatus
 from .pool import SocketPool
 from .rendezvous import FAILOVER_ATTEMPTS, Down, Route, rank
+from .routes import Routes
 
 #: Longest single ``zqsync.result`` long-poll, seconds (the worker's bound); longer waits call again.
 LONG_POLL = 30.0
@@ -40,6 +41,11 @@ class Client:
 
     :param endpoints: a worker's base endpoint ``"tcp://HOST:PORT"``, or a
         list of them; ZeroMQ balances across the workers that are connected.
+        May be omitted when ``routes`` has a ``"*"`` route.
+    :param routes: ``{task-name pattern: endpoint or [endpoints]}``: the
+        tasks whose names match go to those workers, through pools of their
+        own (``zqsync/client/routes.py`` gives the precedence: exact names,
+        then patterns in order, then ``"*"``, then ``endpoints``).
     :param settings: a :class:`~zqsync.settings.ClientSettings` for this
         client and its pools; default: ``ZQSYNC_*`` environment variables,
         then the defaults (the table in ``zqsync/settings.py``).
@@ -53,7 +59,8 @@ class Client:
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
         :func:`parse_endpoint`), an endpoint listed twice or overlapping
-        another's port pair, or a setting out of range.
+        another's port pair, a setting out of range, a malformed route, or
+        both ``endpoints`` and a ``"*"`` route (or neither).
 
     Building a client opens nothing: sockets are opened on first use, per
     process and per gevent hub (per thread outside gevent), and reused. One
@@ -64,13 +71,20 @@ class Client:
 
     def __init__(
         self,
-        endpoints: Union[str, Sequence[str]],
+        endpoints: Union[str, Sequence[str], None] = None,
         *,
+        routes: Optional[Mapping[str, Union[str, Sequence[str]]]] = None,
         settings: Optional[ClientSettings] = None,
         curve: Optional[Curve] = None,
         **overrides: Any,
     ) -> None:
-        names = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        self._routes = Routes(routes or {})
+        if (endpoints is None) == (self._routes.default is None):
+            raise ConfigurationError("give a Client its default workers as endpoints or as the '*' route "
+                                     "(one of them)", setting="endpoints")
+        chosen = endpoints if endpoints is not None else self._routes.default or ()
+        names = [chosen] if isinstance(chosen, str) else list(chosen)
+        own = tuple(names)
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
         check_distinct([parse_endpoint(name) for name in names], names)
@@ -91,6 +105,15 @@ class Client:
         )
         self._closed = False
         _common.track_client(self)
+        self._routed = {
+            names: Client(list(names), settings=self.settings, curve=curve)
+            for names in self._routes.endpoint_sets() if names != own
+        }
+
+    def route(self, task: str) -> "Client":
+        """The client that sends ``task``: this one, or the one of the route its name matches."""
+        names = self._routes.match(_task_name(task))
+        return self if names is None else self._routed.get(names, self)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -164,6 +187,11 @@ class Client:
         :raises NoJournal: ``delay``/``eta`` (or ``confirm``) and the worker keeps no journal.
         """
         self._check_open()
+        routed = self.route(task)
+        if routed is not self:
+            return routed.enqueue_with_options(task, args=args, kwargs=kwargs, confirm=confirm, congestion=congestion,
+                                               send_timeout=send_timeout, job_id=job_id, delay=delay, eta=eta,
+                                               store_result=store_result)
         job_id = os.urandom(16).hex() if job_id is None else job_id
         options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
         due = _due(delay, eta)
@@ -245,6 +273,9 @@ class Client:
         :raises ConfigurationError: ``timeout`` is not a finite number above 0.
         """
         self._check_open()
+        routed = self.route(task)
+        if routed is not self:
+            return routed.call_with_options(task, args=args, kwargs=kwargs, timeout=timeout)
         timeout = self._timeout(timeout)
         self._counts["calls"] += 1
         try:
@@ -382,11 +413,14 @@ class Client:
         :returns: ``{"enqueued", "dropped", "confirmed", "confirm_retries", "calls",
             "call_errors", "call_timeouts"}``
             as ints, plus ``"push"`` and ``"dealer"``: each pool's
-            :meth:`SocketPool.stats`.
+            :meth:`SocketPool.stats`; with routes, ``"routes"``:
+            ``{"ENDPOINT, ...": that route's stats}``.
         """
         result: dict[str, Any] = dict(self._counts)
         result["push"] = self._push.stats()
         result["dealer"] = self._dealer.stats()
+        if self._routed:
+            result["routes"] = {", ".join(names): routed.stats() for names, routed in self._routed.items()}
         return result
 
     def close(self, *, linger: Optional[float] = None) -> None:
@@ -397,6 +431,8 @@ class Client:
             worker is reachable.
         """
         self._closed = True
+        for routed in self._routed.values():
+            routed.close(linger=linger)
         self._push.close(linger=linger)
         self._dealer.close(linger=0 if linger is None else linger)
 

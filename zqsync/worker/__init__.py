@@ -4,6 +4,6 @@ Importing ``zqsync.worker.Registry`` is all a task module needs; the server
 (``zqsync.worker.server``) imports gevent and is loaded by ``zqsync worker``.
 """
 
-from .registry import Registry, Task
+from .registry import Middleware, Registry, Task, TaskContext
 
-__all__ = ["Registry", "Task"]
+__all__ = ["Middleware", "Registry", "Task", "TaskContext"]

@@ -1,15 +1,19 @@
-"""Registry: the tasks a worker will run, by name. Nothing else ever runs."""
+"""Registry: the tasks a worker will run, by name, and the middleware around them. Nothing else ever runs."""
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable, NamedTuple, Optional, TypeVar, overload
 
+from ..beat import Periodic
 from ..errors import ConfigurationError
 from ..wire.envelope import MAX_TASK_NAME
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: Names under this prefix are the worker's built-in tasks.
 RESERVED_PREFIX = "zqsync."
+#: Exception types a task's ``retry_on`` may list.
+ExceptionTypes = tuple[type[BaseException], ...]
 
 
 class Task(NamedTuple):
@@ -21,6 +25,11 @@ class Task(NamedTuple):
         (``gevent.Timeout``), or ``None`` for no limit.
     :ivar retries: further attempts after a failure (0: none).
     :ivar backoff: seconds before the first retry; doubled for each later one.
+    :ivar retry_on: exception types worth a retry; any other failure is final.
+        Empty: every failure is retried.
+    :ivar max_delay: the cap, in seconds, of the doubled backoff (``None``: no cap).
+    :ivar jitter: the fraction (0..1) of each retry delay drawn at random:
+        the delay is uniform in ``[delay * (1 - jitter), delay]``.
     :ivar store_result: keep the status and result of its plain jobs in the worker's memory
         (``client.job``/``client.result``); confirmed jobs keep theirs in the journal anyway.
     """
@@ -30,20 +39,87 @@ class Task(NamedTuple):
     time_limit: Optional[float] = None
     retries: int = 0
     backoff: float = 1.0
+    retry_on: ExceptionTypes = ()
+    max_delay: Optional[float] = None
+    jitter: float = 0.0
     store_result: bool = False
 
-    def retry_delay(self, attempts: int) -> Optional[float]:
-        """Seconds to wait before attempt ``attempts + 1``, or ``None`` when retries are exhausted.
+    def backoff_for(self, attempts: int) -> float:
+        """Seconds of backoff after attempt ``attempts`` (1 for the first), before jitter.
 
-        Exponential backoff: ``backoff * 2 ** (attempts - 1)``.
+        ``backoff * 2 ** (attempts - 1)``, capped at ``max_delay``.
         """
-        if attempts > self.retries:
+        delay = self.backoff * 2.0 ** (attempts - 1)
+        return delay if self.max_delay is None else min(delay, self.max_delay)
+
+    def retry_delay(self, attempts: int, error: Optional[BaseException] = None) -> Optional[float]:
+        """Seconds to wait before attempt ``attempts + 1``, or ``None`` when the job is done retrying.
+
+        :param attempts: attempts made so far (>= 1).
+        :param error: the exception the last attempt raised; with ``retry_on``
+            set, a failure of another type is not retried.
+        :returns: :meth:`backoff_for` ``(attempts)`` less up to ``jitter`` of it, or ``None``.
+        """
+        if attempts > self.retries or not self.retries_on(error):
             return None
-        return self.backoff * 2 ** (attempts - 1)
+        return self.backoff_for(attempts) * (1.0 - self.jitter * random.random())
+
+    def retries_on(self, error: Optional[BaseException]) -> bool:
+        """Whether a failure with ``error`` may be retried (``retry_on`` empty, or ``error`` one of its types)."""
+        return not self.retry_on or isinstance(error, self.retry_on)
+
+
+class TaskContext(NamedTuple):
+    """What a :class:`Middleware` hook learns about the task it runs around.
+
+    :ivar task: the task name.
+    :ivar job_id: the job's or call's id.
+    :ivar kind: ``"job"`` (plain or confirmed) or ``"call"``.
+    :ivar attempt: this attempt's number, 1 for the first.
+    :ivar args: the positional arguments, as decoded.
+    :ivar kwargs: the keyword arguments, as decoded.
+    """
+
+    task: str
+    job_id: str
+    kind: str
+    attempt: int
+    args: tuple
+    kwargs: dict
+
+
+class Middleware:
+    """Hooks around every task a worker runs; subclass it and override the hooks you need.
+
+    Register an instance with :meth:`Registry.add_middleware`. Hooks run in
+    the task's own greenlet, in registration order (``after_task`` in reverse
+    order), outside the task's time limit, and may block it. A hook that
+    raises is logged and counted (``hook_errors``) and never changes the
+    task's outcome. The worker's own ``zqsync.*`` tasks pass no hooks.
+    """
+
+    def before_task(self, context: TaskContext) -> None:
+        """Just before the task's function is called."""
+
+    def after_task(self, context: TaskContext, result: Any, error: Optional[BaseException]) -> None:
+        """After every attempt: ``result`` when it succeeded (``error`` is ``None``), else ``error``."""
+
+    def on_failure(self, context: TaskContext, error: BaseException) -> None:
+        """After an attempt that raised ``error`` (its time limit included:
+        :class:`~zqsync.errors.TimeLimitExceeded`); called before ``after_task``."""
+
+    def on_retry(self, context: TaskContext, error: BaseException, delay: float) -> None:
+        """A failed job will run again in ``delay`` seconds (never for calls)."""
+
+    def on_dead_letter(self, context: TaskContext, error: BaseException) -> None:
+        """A failed job will not run again: its retries are exhausted or ``retry_on`` excludes ``error``.
+
+        A confirmed job is then ``dead`` in the journal. Jobs buried without
+        running (a crash loop, an undecodable journal row) pass no hook."""
 
 
 class Registry:
-    """A name-to-task map that a worker serves.
+    """A name-to-task map that a worker serves, with the middleware around its tasks.
 
     Usage::
 
@@ -53,34 +129,51 @@ class Registry:
         def add(a, b):
             return a + b
 
-        @registry.task(name="resize", time_limit=30.0)
+        @registry.task(name="resize", time_limit=30.0, retries=3, retry_on=(IOError,), max_delay=60.0)
         def resize(image_id, size="small"): ...
 
     Then ``zqsync worker mymodule:registry --bind tcp://127.0.0.1:5555``.
+
+    :param middleware: :class:`Middleware` instances, as if passed to :meth:`add_middleware` in order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, middleware: tuple[Middleware, ...] = ()) -> None:
         self._tasks: dict[str, Task] = {}
+        #: ``{task name: schedule}`` of the tasks ``zqsync beat`` enqueues (:meth:`periodic`).
+        self.periodic_jobs: dict[str, Periodic] = {}
+        self.middleware: list[Middleware] = []
+        for each in middleware:
+            self.add_middleware(each)
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Run ``middleware``'s hooks around every task, after those added before it.
+
+        :raises ConfigurationError: ``middleware`` is not a :class:`Middleware`.
+        """
+        if not isinstance(middleware, Middleware):
+            raise ConfigurationError(
+                f"middleware must be a zqsync.worker.Middleware, got {type(middleware).__name__}", setting="middleware"
+            )
+        self.middleware.append(middleware)
 
     @overload
     def task(self, fn: F) -> F: ...
 
     @overload
     def task(
-        self, *, name: Optional[str] = None, time_limit: Optional[float] = None, retries: int = 0, backoff: float = 1.0,
-        store_result: bool = False,
-    ) -> Callable[[F], F]: ...
-
-    def task(
         self,
-        fn: Optional[F] = None,
         *,
         name: Optional[str] = None,
         time_limit: Optional[float] = None,
         retries: int = 0,
         backoff: float = 1.0,
+        retry_on: ExceptionTypes = (),
+        max_delay: Optional[float] = None,
+        jitter: float = 0.0,
         store_result: bool = False,
-    ) -> Any:
+    ) -> Callable[[F], F]: ...
+
+    def task(self, fn: Optional[F] = None, **options: Any) -> Any:
         """Register ``fn`` as a task; usable bare (``@registry.task``) or with options.
 
         :param name: the task name (default: the function's ``__name__``).
@@ -89,31 +182,28 @@ class Registry:
             confirmed job that exhausts them is kept as ``dead`` in the
             journal (the dead-letter table); calls are never retried.
         :param backoff: seconds before the first retry, doubled for each later one.
+        :param retry_on: exception types worth a retry (a tuple of classes);
+            a failure of any other type is final at once. Default: all.
+        :param max_delay: seconds; the doubled backoff never exceeds it (``None``: no cap).
+        :param jitter: fraction 0..1 of each retry delay drawn at random, so
+            that jobs failing together do not retry together.
         :param store_result: keep the status and result of its plain (not confirmed) jobs in the
             worker's memory, bounded, for ``keep_done`` seconds (``client.job``, ``client.result``).
         :returns: ``fn`` itself, unchanged, so it stays callable locally.
         :raises ConfigurationError: the name is taken, reserved, or too long,
-            ``time_limit`` is not a positive number, or retries/backoff are negative.
+            ``time_limit`` is not a positive number, retries/backoff/max_delay
+            are negative, ``jitter`` is outside 0..1, or ``retry_on`` holds a
+            non-exception.
         """
 
         def register(function: F) -> F:
-            self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff,
-                     store_result=store_result)
+            self.add(function, **options)
             return function
 
         return register(fn) if fn is not None else register
 
-    def add(
-        self,
-        fn: Callable[..., Any],
-        *,
-        name: Optional[str] = None,
-        time_limit: Optional[float] = None,
-        retries: int = 0,
-        backoff: float = 1.0,
-        store_result: bool = False,
-    ) -> Task:
-        """Register ``fn`` without decorator syntax; see :meth:`task`."""
+    def add(self, fn: Callable[..., Any], *, name: Optional[str] = None, **options: Any) -> Task:
+        """Register ``fn`` without decorator syntax; see :meth:`task` for the options."""
         if not callable(fn):
             raise ConfigurationError(f"a task must be callable, got {fn!r}", setting="fn")
         task_name = name or getattr(fn, "__name__", "")
@@ -125,18 +215,46 @@ class Registry:
             raise ConfigurationError(f"task names starting with {RESERVED_PREFIX!r} are reserved", setting="name")
         if task_name in self._tasks:
             raise ConfigurationError(f"task {task_name!r} is already registered", setting="name")
-        if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
-            raise ConfigurationError(
-                f"time_limit must be a positive number of seconds, got {time_limit!r}", setting="time_limit"
-            )
-        if not isinstance(retries, int) or retries < 0:
-            raise ConfigurationError(f"retries must be an integer >= 0, got {retries!r}", setting="retries")
-        if not (isinstance(backoff, (int, float)) and backoff >= 0):
-            raise ConfigurationError(f"backoff must be a number of seconds >= 0, got {backoff!r}", setting="backoff")
-        task = Task(task_name, fn, None if time_limit is None else float(time_limit), retries, float(backoff),
-                    bool(store_result))
+        task = Task(task_name, fn, **_checked_options(**options))
         self._tasks[task_name] = task
         return task
+
+    def periodic(
+        self,
+        *,
+        every: Optional[float] = None,
+        cron: Optional[str] = None,
+        catch_up: str = "skip",
+        args: tuple = (),
+        kwargs: Optional[dict] = None,
+        name: Optional[str] = None,
+        **options: Any,
+    ) -> Callable[[F], F]:
+        """Register a task that ``zqsync beat MODULE:registry ENDPOINT...`` enqueues on a schedule.
+
+        Usage: ``@registry.periodic(cron="*/5 * * * *")`` or ``@registry.periodic(every=30.0)``.
+        Each tick is a confirmed job with an id derived from the task name and
+        the tick (``zqsync/beat.py``), so it needs workers with ``--state-dir``.
+
+        :param every: seconds between ticks (float >= 0.001), aligned on the epoch.
+        :param cron: a five-field cron expression, in UTC (needs ``cronsim``: the ``beat`` extra).
+        :param catch_up: ``"skip"`` (default): ticks that passed while no beat
+            ran are never run; ``"latest"``: the most recent of them runs once.
+        :param args: the job's positional arguments (msgpack-encodable).
+        :param kwargs: the job's keyword arguments.
+        :param name: the task name; ``options`` are :meth:`task`'s.
+        :raises ConfigurationError: as :meth:`task`, or the schedule is invalid
+            (neither or both of ``every`` and ``cron``, a bad expression, an unknown ``catch_up``).
+        """
+
+        def register(function: F) -> F:
+            label = str(name or getattr(function, "__name__", ""))
+            schedule = Periodic.build(label, every=every, cron=cron, catch_up=catch_up, args=args, kwargs=kwargs)
+            task = self.add(function, name=name, **options)
+            self.periodic_jobs[task.name] = schedule._replace(task=task.name)
+            return function
+
+        return register
 
     def get(self, name: str) -> Optional[Task]:
         """The task registered as ``name``, or ``None``."""
@@ -151,3 +269,43 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _seconds_or_none(value: Any, setting: str, *, positive: bool) -> Optional[float]:
+    return None if value is None else _seconds(value, setting, positive=positive)
+
+
+def _seconds(value: Any, setting: str, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        kind = "a positive number" if positive else "a number >= 0"
+        raise ConfigurationError(f"{setting} must be {kind} of seconds, got {value!r}", setting=setting)
+    return float(value)
+
+
+def _checked_options(
+    *,
+    time_limit: Optional[float] = None,
+    retries: int = 0,
+    backoff: float = 1.0,
+    retry_on: ExceptionTypes = (),
+    max_delay: Optional[float] = None,
+    jitter: float = 0.0,
+    store_result: bool = False,
+) -> dict[str, Any]:
+    """A task's options, checked and normalised. :raises ConfigurationError: one is invalid."""
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigurationError(f"retries must be an integer >= 0, got {retries!r}", setting="retries")
+    retry_on = tuple(retry_on) if isinstance(retry_on, (tuple, list)) else (retry_on,)
+    if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in retry_on):
+        raise ConfigurationError(f"retry_on must be exception classes, got {retry_on!r}", setting="retry_on")
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
+        raise ConfigurationError(f"jitter must be a fraction from 0 to 1, got {jitter!r}", setting="jitter")
+    return {
+        "time_limit": _seconds_or_none(time_limit, "time_limit", positive=True),
+        "retries": retries,
+        "backoff": _seconds(backoff, "backoff", positive=False),
+        "retry_on": retry_on,
+        "max_delay": _seconds_or_none(max_delay, "max_delay", positive=False),
+        "jitter": float(jitter),
+        "store_result": bool(store_result),
+    }

@@ -21,7 +21,7 @@ from ..errors import NoJournal, ProtocolError, TimeLimitExceeded, UnknownTask
 from ..logs import RateLimitedLog
 from ..wire import envelope
 from .durations import Durations
-from .registry import Registry, Task
+from .registry import Registry, Task, TaskContext
 from .watchdog import SoftTimeLimit, Watchdog
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ COUNTERS = (
     "unknown_task",
     "malformed",
     "in_flight",
+    "hook_errors",
 )
 
 #: An error as sent in a reply: (type name, message, traceback).
@@ -154,11 +155,60 @@ class Runner:
         return self.confirm(request, task)
 
     def run(self, task: Task, request: envelope.Request, *, counted: bool = True) -> tuple[bool, Any]:
-        """Run ``task`` with the request's arguments under its time limit.
+        """Run ``task`` once with the request's arguments under its time limit.
 
-        :param counted: count it in ``in_flight`` and time it (not for the worker's own tasks).
+        :param counted: count it in ``in_flight``, time it and pass the
+            registry's middleware hooks (not for the worker's own tasks).
         :returns: ``(True, result)`` or ``(False, (type name, message, traceback))``.
         """
+        ok, value, _ = self._run(task, request, counted, 1)
+        return ok, value
+
+    def run_job(self, task: Task, request: envelope.Request, attempt: int) -> tuple[bool, Any, Optional[float]]:
+        """Run attempt ``attempt`` (1 for the first) of a job, and decide its retry.
+
+        Calls the middleware's ``on_retry`` or ``on_dead_letter`` after a failure.
+
+        :returns: ``(ok, value, delay)``: ``value`` as from :meth:`run`;
+            ``delay`` is the seconds before the next attempt, or ``None``
+            when there is none (success, retries exhausted, or a failure that
+            ``retry_on`` does not cover).
+        """
+        ok, value, error = self._run(task, request, True, attempt)
+        if ok:
+            return ok, value, None
+        delay = task.retry_delay(attempt, error)
+        context = _context(task, request, attempt)
+        if delay is None:
+            self._hook("on_dead_letter", context, error)
+        else:
+            self._hook("on_retry", context, error, delay)
+        return ok, value, delay
+
+    def _run(self, task: Task, request: envelope.Request, counted: bool, attempt: int) -> tuple[bool, Any, Any]:
+        context = _context(task, request, attempt) if counted and self.registry.middleware else None
+        if context is not None:
+            self._hook("before_task", context)
+        ok, value, error = self._execute(task, request, counted)
+        if context is not None:
+            if not ok:
+                self._hook("on_failure", context, error)
+            self._hook("after_task", context, value if ok else None, error, reverse=True)
+        return ok, value, error
+
+    def _hook(self, name: str, context: TaskContext, *args: Any, reverse: bool = False) -> None:
+        """Call hook ``name`` of every middleware; one that raises is logged and counted, never propagated."""
+        chain = self.registry.middleware
+        for middleware in reversed(chain) if reverse else chain:
+            try:
+                getattr(middleware, name)(context, *args)
+            except Exception:
+                self.counters["hook_errors"] += 1
+                self._log.warning((name, type(middleware)), "%s.%s raised around task %r (job %s)",
+                                  type(middleware).__name__, name, context.task, context.job_id, exc_info=True)
+
+    def _execute(self, task: Task, request: envelope.Request, counted: bool) -> tuple[bool, Any, Any]:
+        """``(True, result, None)`` or ``(False, error info, the exception)``."""
         step = 1 if counted else 0
         self.counters["in_flight"] += step
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
@@ -177,7 +227,7 @@ class Runner:
                 return self._timed_out(task)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             # A task's sys.exit() or KeyboardInterrupt fails that task; it never stops the worker.
-            return False, (type(exc).__name__, str(exc), traceback.format_exc())
+            return False, (type(exc).__name__, str(exc), traceback.format_exc()), exc
         finally:
             if self.watchdog is not None:
                 self.watchdog.leave()
@@ -185,9 +235,15 @@ class Runner:
             self.counters["in_flight"] -= step
             if counted:
                 self.durations.record(task.name, time.perf_counter() - started)
-        return True, result
+        return True, result, None
 
-    def _timed_out(self, task: Task) -> tuple[bool, ErrorInfo]:
+    def _timed_out(self, task: Task) -> tuple[bool, ErrorInfo, TimeLimitExceeded]:
         self.counters["timed_out"] += 1
         log.warning("task %r exceeded its time limit of %s s", task.name, task.time_limit)
-        return False, (TimeLimitExceeded.__name__, f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
+        info = (TimeLimitExceeded.__name__, f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
+        return False, info, TimeLimitExceeded(*info)
+
+
+def _context(task: Task, request: envelope.Request, attempt: int) -> TaskContext:
+    kind = "call" if request.kind == "call" else "job"
+    return TaskContext(task.name, request.id, kind, attempt, tuple(request.args), dict(request.kwargs))

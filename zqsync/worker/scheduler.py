@@ -267,7 +267,7 @@ class JobScheduler:
         keep = not job.durable and (job.task.store_result or bool(job.request.options.get("store")))
         self.book.started(job_id, job.task.name, attempts, keep=keep)
         try:
-            ok, value = self.runner.run(job.task, job.request)
+            ok, value, delay = self.runner.run_job(job.task, job.request, attempts)
         except Cancelled:
             self._cancelled(job, attempts)
             return
@@ -276,7 +276,6 @@ class JobScheduler:
         if ok:
             self._succeeded(job, attempts, value)
             return
-        delay = job.task.retry_delay(attempts)
         if delay is None:
             self._give_up(job, attempts, value)
             return
@@ -307,7 +306,7 @@ class JobScheduler:
     def _count_start(self, job: Job, attempts: int) -> bool:
         """Journal that attempt ``attempts`` starts, before it does; ``False`` if that fails (retried later)
         or the job was cancelled meanwhile (never run)."""
-        backoff = job.task.backoff * 2 ** (attempts - 1)
+        backoff = job.task.backoff_for(attempts)
         start = Start(job.request.id, ALONE if job.alone else SHARED, time.time() + backoff)
         try:
             if not self._write("start", start):

@@ -65,11 +65,12 @@ import zmq.green
 import zmq.utils.monitor
 
 from .. import _common
-from ..errors import ProtocolError, WorkerShutdown, WorkerStopping
+from ..errors import ConfigurationError, ProtocolError, WorkerShutdown, WorkerStopping
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
 from .auth import GeventAuthenticator
 from .binding import bind_pair
+from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
@@ -150,6 +151,9 @@ class Worker:
         self.connections: dict[str, int] = {}
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(self.concurrency)
+        if backend and self.settings.queues:
+            raise ConfigurationError("named queues need a single worker process (no --processes)", setting="queues")
+        self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
         self._calls_waiting = 0
         self._backlog: collections.deque[bytes] = collections.deque()
@@ -166,6 +170,7 @@ class Worker:
         self._wakeup = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
         self._receivers: list[gevent.Greenlet] = []
+        self._queue_receivers: list[gevent.Greenlet] = []
         self._context: Optional[zmq.Context] = None
         self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
@@ -198,6 +203,9 @@ class Worker:
         self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
         self.scheduler.book.worker = self.endpoint
         self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
+        for queue in self.queues:
+            self._sockets.append(queue.bind(context, hwm=self.hwm, max_message_size=self.max_message_size,
+                                            curve_secret_key=self.curve_secret_key))
         self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
 
@@ -240,7 +248,8 @@ class Worker:
             _common.disown(sock)
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
-                  *self._slots.greenlets, *self._admissions.greenlets, *self._calls.greenlets]
+                  *self._slots.greenlets, *self._admissions.greenlets, *self._calls.greenlets,
+                  *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:
                 greenlet.kill(block=False)
@@ -259,6 +268,10 @@ class Worker:
         self.watchdog.start()
         self.scheduler.start()
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
+        self._queue_receivers = [gevent.spawn(queue.receive, self.scheduler.run_plain) for queue in self.queues]
+        self._receivers += self._queue_receivers
+        for queue in self.queues:
+            log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
         where = f"behind the supervisor's {self.endpoint}" if self.backend else f"on {self.endpoint} (rpc on port +1)"
@@ -290,6 +303,7 @@ class Worker:
     def _receive_jobs(self) -> None:
         while True:
             self._slots.wait_available()
+            yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
             frame = self.jobs.recv()
             self._slots.spawn(self.scheduler.run_plain, frame)
 
@@ -365,18 +379,19 @@ class Worker:
         """
         self._stopping = True
         self.scheduler.book.close()
-        gevent.killall(self._receivers[:1])
+        gevent.killall([*self._receivers[:1], *self._queue_receivers])
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()
         self._stop_taking_jobs()
         rpc = gevent.spawn(self._retire_rpc)
-        if warm and (len(self._slots) or self._backlog):
+        if warm and (self._running() or self._backlog):
             self._finish_in_flight()
         self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
         self._admissions.join(timeout=5.0)
-        if len(self._slots):
-            log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
-            self._slots.kill(timeout=1.0)
+        if self._running():
+            log.warning("cold shutdown: killing %d task(s) still running", self._running())
+            for pool in self._pools():
+                pool.kill(timeout=1.0)
         rpc.join(timeout=5.0 + REPLY_DRAIN)
         if not self.rpc.closed:
             rpc.kill()
@@ -387,6 +402,9 @@ class Worker:
         if not self.backend:
             self.jobs.disable_monitor()
         self.jobs.close(linger=0)  # unbound or disconnected, and read to the end
+        for queue in self.queues:
+            if queue.sock is not None:
+                queue.sock.close(linger=0)
         if self._authenticator is not None:
             self._authenticator.stop()
         if self._context is not None:
@@ -397,26 +415,30 @@ class Worker:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(limit=DRAIN_LIMIT)  # the supervisor's jobs proxy is stopped meanwhile
+            self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)  # the supervisor's jobs proxy is stopped meanwhile
             self.jobs.disconnect(self.backend[0])
             where = "the supervisor"
         else:
             self.jobs.unbind(self._jobs_endpoint)
             where = self._jobs_endpoint
-        self._drain_jobs(limit=DRAIN_LIMIT)
+        for queue in self.queues:  # their queued jobs join the backlog, run in the default pool
+            if queue.sock is not None:
+                queue.sock.unbind(queue.endpoint)
+                self._drain_jobs(queue.sock, limit=DRAIN_LIMIT)
+        self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
         if self.backend and self.ready_file:
             with open(f"{self.ready_file}.drained", "w"):
                 pass
 
-    def _drain_jobs(self, *, limit: float) -> None:
-        """Read the jobs socket into the backlog until it stays empty for ``DRAIN_QUIET`` seconds
+    def _drain_jobs(self, sock: zmq.Socket, *, limit: float) -> None:
+        """Read a jobs socket into the backlog until it stays empty for ``DRAIN_QUIET`` seconds
         (or ``limit`` seconds have passed)."""
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and self.jobs.poll(int(DRAIN_QUIET * 1000)):
+        while time.monotonic() < deadline and sock.poll(int(DRAIN_QUIET * 1000)):
             while True:
                 try:
-                    self._backlog.append(self.jobs.recv(zmq.NOBLOCK))
+                    self._backlog.append(sock.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
 
@@ -445,19 +467,26 @@ class Worker:
 
     def _finish_in_flight(self) -> None:
         log.info("warm shutdown: waiting up to %.1f s for %d task(s) and %d queued job(s)",
-                 self.graceful_timeout, len(self._slots), len(self._backlog))
+                 self.graceful_timeout, self._running(), len(self._backlog))
         deadline = time.monotonic() + self.graceful_timeout
         signals_before = len(self._signals)
-        while (len(self._slots) or self._backlog) and len(self._signals) == signals_before:
+        while (self._running() or self._backlog) and len(self._signals) == signals_before:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
             if not self._backlog:
-                self._slots.join(timeout=min(0.1, remaining))
+                for pool in self._pools():
+                    pool.join(timeout=min(0.1, remaining))
             elif self._slots.free_count():
                 self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
             else:
                 self._slots.wait_available(timeout=min(0.1, remaining))
+
+    def _pools(self) -> list[gevent.pool.Pool]:
+        return [self._slots, *(queue.pool for queue in self.queues)]
+
+    def _running(self) -> int:
+        return sum(len(pool) for pool in self._pools())
 
     # -- introspection -----------------------------------------------------
 
@@ -473,8 +502,9 @@ class Worker:
             ``connections_rpc`` and ``disconnections_jobs`` /
             ``disconnections_rpc``: TCP connections accepted and lost since start;
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
-            seconds over recent runs; and ``clients``: the stats of the
-            zqsync clients that tasks in this process use.
+            seconds over recent runs; ``clients``: the stats of the
+            zqsync clients that tasks in this process use; and ``queues``:
+            per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks.
         """
         by_pid: collections.Counter[str] = collections.Counter()
         for identity in self.identities:
@@ -490,4 +520,5 @@ class Worker:
             **self.connections,
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],
+            "queues": {queue.name: queue.stats() for queue in self.queues},
         }

@@ -121,6 +121,11 @@ def discover_registry() -> Registry:
                 raise ConfigurationError(f"task {name!r} is registered by both {owners[name]} and {path}", setting="name")
             task = registry.get(name)
             assert task is not None
-            merged.add(task.fn, name=name, time_limit=task.time_limit, retries=task.retries, backoff=task.backoff)
+            merged.add(task.fn, name=name, **{key: value for key, value in task._asdict().items()
+                                               if key not in ("name", "fn")})
             owners[name] = path
+        merged.periodic_jobs.update(registry.periodic_jobs)
+        for middleware in registry.middleware:  # a merged registry's middleware wraps every app's tasks
+            if not any(middleware is known for known in merged.middleware):
+                merged.add_middleware(middleware)
     return merged

@@ -1,0 +1,99 @@
+"""Schedules and the beat loop's catch-up policy, on a fake clock."""
+
+import pytest
+
+from zqsync.beat import Beat, Periodic
+from zqsync.errors import ConfigurationError, Unconfirmed
+from zqsync.worker import Registry
+
+
+class FakeClock:
+    """Wall-clock seconds that move only when the beat waits (or a test says so)."""
+
+    def __init__(self, now):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def _beat(schedules, clock, sent, fail=()):
+    def enqueue(task, args, kwargs, job_id):
+        sent.append((task, job_id, clock.now))
+        if job_id in fail:
+            raise Unconfirmed(job_id, 1.0, "no worker")
+
+    def wait(seconds):  # the loop's sleep: advance the clock; stop after 10 ticks were sent
+        clock.now += seconds
+        if len(sent) >= 10:
+            beat.stop()
+
+    beat = Beat(schedules, enqueue, clock=clock, wait=wait)
+    return beat
+
+
+def test_every_ticks_on_epoch_multiples_and_ids_are_the_same_for_every_beat():
+    periodic = Periodic.build("t", every=2.5)
+    assert periodic.next_after(10.0) == 12.5 and periodic.next_after(11.0) == 12.5
+    assert periodic.latest_at(12.4) == 10.0 and periodic.latest_at(12.5) == 12.5
+    assert periodic.job_id(12.5) == Periodic.build("t", every=9).job_id(12.5) != periodic.job_id(15.0)
+    assert periodic.job_id(12.5) != Periodic.build("u", every=2.5).job_id(12.5)
+    assert len(Periodic.build("x" * 200, every=1).job_id(1e10)) <= 64
+
+
+def test_cron_is_parsed_by_cronsim_in_utc():
+    periodic = Periodic.build("t", cron="*/5 * * * *")
+    assert periodic.next_after(0.0) == 300.0 and periodic.next_after(300.0) == 600.0
+    assert periodic.latest_at(300.0) == 300.0 and periodic.latest_at(299.0) == 0.0
+
+
+@pytest.mark.parametrize("options", [{}, {"every": 1, "cron": "* * * * *"}, {"every": 0}, {"every": float("nan")},
+                                     {"cron": "61 * * * *"}, {"every": 1, "catch_up": "all"}])
+def test_bad_schedules_are_refused_at_registration(options):
+    registry = Registry()
+    with pytest.raises(ConfigurationError):
+        registry.periodic(**options)(lambda: None)
+    assert len(registry) == 0 and not registry.periodic_jobs
+
+
+def test_skip_starts_at_the_next_tick_and_latest_sends_the_last_one_first():
+    for catch_up, first in (("skip", 101.0), ("latest", 100.0)):
+        sent, clock = [], FakeClock(100.5)
+        _beat([Periodic.build("t", every=1, catch_up=catch_up)], clock, sent).run()
+        assert [job_id for _, job_id, _ in sent] == [Periodic.build("t", every=1).job_id(first + n) for n in range(10)]
+
+
+@pytest.mark.parametrize("catch_up, resumed_at", [("skip", 132.0), ("latest", 130.0)])
+def test_a_late_beat_skips_the_ticks_that_passed_or_all_but_the_latest(catch_up, resumed_at):
+    periodic = Periodic.build("t", every=1, catch_up=catch_up)
+    sent, clock = [], FakeClock(100.5)
+
+    def enqueue(task, args, kwargs, job_id):
+        sent.append(job_id)
+        if len(sent) == 2:
+            clock.now += 29.0  # this send blocked for 29 s, past 29 ticks
+
+    def wait(seconds):
+        clock.now += seconds
+        if len(sent) >= 4:
+            beat.stop()
+
+    beat = Beat([periodic], enqueue, clock=clock, wait=wait)
+    beat.run()
+    expected = [101.0 if catch_up == "skip" else 100.0]
+    expected += [expected[0] + 1, resumed_at, resumed_at + 1]
+    assert sent == [periodic.job_id(tick) for tick in expected]
+    assert beat.counters["ticks_skipped"] == resumed_at - expected[1] - 1
+
+
+def test_a_tick_that_is_not_confirmed_is_counted_and_the_beat_goes_on():
+    periodic = Periodic.build("t", every=1)
+    sent, clock = [], FakeClock(100.5)
+    beat = _beat([periodic], clock, sent, fail={periodic.job_id(102.0)})
+    beat.run()
+    assert len(sent) == 10 and beat.counters == {"ticks_sent": 9, "ticks_failed": 1, "ticks_skipped": 0}
+
+
+def test_a_beat_without_periodic_tasks_is_refused():
+    with pytest.raises(ConfigurationError, match="no periodic tasks"):
+        Beat([], lambda *args: None)

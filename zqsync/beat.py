@@ -1,0 +1,188 @@
+"""Periodic jobs: the schedules a registry declares, and ``zqsync beat``, the process that enqueues them.
+
+A beat is only a client. For each tick of a schedule it enqueues a
+confirmed job whose id is derived from the task name and the tick time
+(:meth:`Periodic.job_id`). The job goes to that id's preferred worker, whose
+journal acknowledges a second copy as a duplicate without running it, so
+two beats, or a beat restarted over a tick it had already sent, never run a
+tick twice, as long as they list the same workers and the tick's ``done`` row
+is still journaled (``--keep-done``, one hour by default).
+
+Ticks are wall-clock times in UTC: ``every=N`` ticks at the multiples of
+``N`` seconds since the epoch, and ``cron=`` at the times its expression
+matches (``cronsim``, the ``beat`` extra).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, NamedTuple, Optional
+
+from .errors import ConfigurationError, ZqsyncError
+
+log = logging.getLogger(__name__)
+#: What a beat does about the ticks it missed while down or late.
+CATCH_UP = ("skip", "latest")
+#: Ids of periodic jobs start with this.
+ID_PREFIX = "beat-"
+
+
+class Periodic(NamedTuple):
+    """The schedule of one periodic task (see :meth:`zqsync.worker.Registry.periodic`).
+
+    :ivar task: the task name.
+    :ivar every: seconds between ticks, or ``None`` with ``cron``.
+    :ivar cron: a five-field cron expression (UTC), or ``None`` with ``every``.
+    :ivar catch_up: ``"skip"``: ticks missed while no beat ran are never sent;
+        ``"latest"``: the most recent missed tick is sent, once.
+    :ivar args: the job's positional arguments.
+    :ivar kwargs: the job's keyword arguments.
+    """
+
+    task: str
+    every: Optional[float]
+    cron: Optional[str]
+    catch_up: str
+    args: tuple
+    kwargs: dict
+
+    @classmethod
+    def build(cls, task: str, *, every: Optional[float] = None, cron: Optional[str] = None, catch_up: str = "skip",
+              args: tuple = (), kwargs: Optional[dict] = None) -> "Periodic":
+        """A checked schedule.
+
+        :raises ConfigurationError: neither or both of ``every`` and ``cron``,
+            ``every`` under 1 ms or not finite, a cron expression ``cronsim``
+            rejects (or ``cronsim`` missing), or an unknown ``catch_up``.
+        """
+        if (every is None) == (cron is None):
+            raise ConfigurationError(f"periodic task {task!r} needs exactly one of every= and cron=", setting="every")
+        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float))
+                                  or not math.isfinite(every) or every < 0.001):
+            raise ConfigurationError(f"every must be a number of seconds >= 0.001, got {every!r}", setting="every")
+        if catch_up not in CATCH_UP:
+            raise ConfigurationError(f"catch_up must be one of {CATCH_UP}, got {catch_up!r}", setting="catch_up")
+        periodic = cls(task, None if every is None else float(every), cron, catch_up, tuple(args), dict(kwargs or {}))
+        if cron is not None:
+            periodic._cron(0.0, reverse=False)  # parse it now: a bad expression fails at import, not in the beat
+        return periodic
+
+    def next_after(self, now: float) -> float:
+        """The first tick strictly after ``now`` (epoch seconds)."""
+        if self.every is not None:
+            step = round(self.every * 1000)
+            return (math.floor(now * 1000) // step + 1) * step / 1000.0
+        return self._cron(now, reverse=False)
+
+    def latest_at(self, now: float) -> float:
+        """The last tick at or before ``now`` (epoch seconds)."""
+        if self.every is not None:
+            step = round(self.every * 1000)
+            return (math.floor(now * 1000) // step) * step / 1000.0
+        return self._cron(now + 1e-3, reverse=True)
+
+    def _cron(self, now: float, *, reverse: bool) -> float:
+        try:
+            from cronsim import CronSim, CronSimError
+        except ImportError:
+            raise ConfigurationError("cron= needs the cronsim package: pip install 'zqsync[beat]'",
+                                     setting="cron") from None
+        start = datetime.fromtimestamp(now, timezone.utc)
+        try:
+            tick = next(iter(CronSim(str(self.cron), start, reverse=reverse)))
+        except (CronSimError, StopIteration) as exc:
+            raise ConfigurationError(f"bad cron expression {self.cron!r} for task {self.task!r}: {exc}",
+                                     setting="cron") from None
+        return (tick - datetime(1970, 1, 1, tzinfo=timezone.utc)) / timedelta(seconds=1)
+
+    def job_id(self, tick: float) -> str:
+        """The job id of ``tick``: ``beat-`` + 16 hex digits of the task name's SHA-256 + ``-`` + the tick in ms.
+
+        The same for every beat, so a tick's copies are duplicates of one job."""
+        digest = hashlib.sha256(self.task.encode()).hexdigest()[:16]
+        return f"{ID_PREFIX}{digest}-{round(tick * 1000)}"
+
+
+class Beat:
+    """Enqueues each tick of a registry's periodic tasks as a confirmed job.
+
+    :param schedules: the schedules (``registry.periodic_jobs.values()``).
+    :param enqueue: ``enqueue(task, args, kwargs, job_id)``; raises
+        :class:`~zqsync.errors.ZqsyncError` when the job was not confirmed.
+    :param clock: wall-clock epoch seconds (replaceable in tests).
+    :param wait: ``wait(seconds)`` sleeps until then or until :meth:`stop`
+        (default: the stop event's ``wait``; replaceable in tests).
+    """
+
+    def __init__(self, schedules: list[Periodic], enqueue: Callable[[str, tuple, dict, str], Any], *,
+                 clock: Callable[[], float] = time.time, wait: Optional[Callable[[float], Any]] = None) -> None:
+        if not schedules:
+            raise ConfigurationError("no periodic tasks: declare some with @registry.periodic(...)", setting="app")
+        self.schedules = list(schedules)
+        self.enqueue = enqueue
+        self.clock = clock
+        self.stopping = threading.Event()
+        self.wait = wait or self.stopping.wait
+        self.counters = {"ticks_sent": 0, "ticks_failed": 0, "ticks_skipped": 0}
+
+    def run(self) -> None:
+        """Send ticks until :meth:`stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
+        now = self.clock()
+        due = [periodic.latest_at(now) if periodic.catch_up == "latest" else periodic.next_after(now)
+               for periodic in self.schedules]
+        while not self.stopping.is_set():
+            index = min(range(len(due)), key=due.__getitem__)
+            wait = due[index] - self.clock()
+            if wait > 0:
+                self.wait(wait)
+                continue
+            self._send(self.schedules[index], due[index])
+            due[index] = self._following(self.schedules[index], due[index])
+
+    def stop(self) -> None:
+        """Make :meth:`run` return (safe from a signal handler or another thread)."""
+        self.stopping.set()
+
+    def _following(self, periodic: Periodic, sent: float) -> float:
+        """The tick after ``sent``. If that is past already (the beat was late), the past ticks are
+        skipped (counted and logged), all of them or, with ``catch_up="latest"``, all but the latest."""
+        following, now = periodic.next_after(sent), self.clock()
+        if following > now:
+            return following
+        latest = periodic.latest_at(now)
+        keep = latest if periodic.catch_up == "latest" else periodic.next_after(now)
+        skipped = _ticks(periodic, following, latest) - (keep == latest)
+        if skipped:
+            self.counters["ticks_skipped"] += skipped
+            log.warning("task %r: skipped %d tick(s) that passed while the beat was late", periodic.task, skipped)
+        return keep
+
+    def _send(self, periodic: Periodic, tick: float) -> None:
+        job_id = periodic.job_id(tick)
+        try:
+            self.enqueue(periodic.task, periodic.args, periodic.kwargs, job_id)
+        except ZqsyncError as exc:
+            self.counters["ticks_failed"] += 1
+            log.error("task %r, tick %s (job %s) not confirmed: %s", periodic.task,
+                      datetime.fromtimestamp(tick, timezone.utc).isoformat(), job_id, exc)
+            return
+        self.counters["ticks_sent"] += 1
+        log.debug("task %r, tick %s sent as job %s", periodic.task, tick, job_id)
+
+
+def _ticks(periodic: Periodic, first: float, last: float, limit: int = 100_000) -> int:
+    """How many ticks lie in ``[first, last]`` (at most ``limit``)."""
+    if periodic.every is not None:
+        return min(limit, round((last - first) / periodic.every) + 1)
+    count, tick = 0, first
+    while tick <= last and count < limit:
+        count, tick = count + 1, periodic.next_after(tick)
+    return count
+
+
+__all__ = ["CATCH_UP", "Beat", "Periodic"]
