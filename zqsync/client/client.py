@@ -303,7 +303,8 @@ class Client:
         """The status of job ``job_id`` (``zqsync.job`` admin call).
 
         Asks the job id's preferred worker first (the rendezvous hashing of confirmed delivery), then the
-        others in rank, until one holds it; each for up to ``timeout`` seconds (default ``call_timeout``).
+        others in rank, then each route's workers the same way, until one holds it; each for up to
+        ``timeout`` seconds (default ``call_timeout``).
 
         :returns: a :class:`JobStatus`; ``state`` is ``unknown`` when no reachable worker holds the id
             (``zqsync/client/jobs.py`` says what that can mean; ``unanswered`` lists the silent workers).
@@ -332,7 +333,9 @@ class Client:
         self._check_open()
         total = self._timeout(timeout)
         deadline = time.monotonic() + total
-        status = self._find(job_id, total)
+        owner, status = self._locate(job_id, total)
+        if owner is not self:
+            return owner.result(job_id, timeout=max(0.001, deadline - time.monotonic()))
         while not status.finished:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -360,6 +363,10 @@ class Client:
         return self._find(job_id, self._timeout(timeout), admin="zqsync.cancel")
 
     def _find(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> JobStatus:
+        return self._locate(job_id, timeout, admin=admin)[1]
+
+    def _locate(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> tuple["Client", JobStatus]:
+        """The client whose workers hold ``job_id`` (this one first, then each route's) and its status."""
         unanswered: list[str] = []
         for rpc in rank(job_id, self._rpc_endpoints):
             try:
@@ -368,8 +375,13 @@ class Client:
                 unanswered.append(self.endpoints[self._rpc_endpoints.index(rpc)])
                 continue
             if status.state != "unknown":
-                return status
-        return JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
+                return self, status
+        for routed in self._routed.values():
+            owner, status = routed._locate(job_id, timeout, admin=admin)
+            if status.state != "unknown":
+                return owner, status
+            unanswered.extend(status.unanswered)
+        return self, JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
 
     def _admin(self, name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
         """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`."""
