@@ -219,3 +219,13 @@ UNREACHABLE_CAUSES = (
     "(see its log), the host name does not resolve (names resolve to IPv4; give IPv6 as [addr]), "
     "or the address or port is wrong"
 )
+
+
+class DeadlineExpired(RemoteError):
+    """The worker read the request after its deadline (the caller's timeout) had passed, and did
+    not run it: the caller had given up. Seen by a caller only when clocks disagree or the reply
+    outraces the caller's own timeout. ``remote_message`` says by how much it was late.
+    """
+
+
+REMOTE_ERRORS[DeadlineExpired.__name__] = DeadlineExpired

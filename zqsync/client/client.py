@@ -112,6 +112,7 @@ class Client:
         congestion: Union[CongestionControl, str, None] = None,
         send_timeout: Optional[float] = None,
         job_id: Optional[str] = None,
+        deadline: Optional[float] = None,
     ) -> str:
         """Send a job with per-call options; see :meth:`enqueue`.
 
@@ -130,6 +131,10 @@ class Client:
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
         :param job_id: an id of your own (a non-empty str of at most 64 characters) instead of a new one.
+        :param deadline: seconds from now after which no worker starts this plain job; a worker
+            that reads it later skips it and counts it (``jobs_expired`` in its stats). The budget
+            is stamped on receipt by the worker's own clock (``zqsync/wire/envelope.py``).
+            ``None``: no deadline. Not for ``confirm=True`` (a confirmed job always runs).
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
@@ -141,12 +146,18 @@ class Client:
             (``zqsync/wire/envelope.py``: 16 MiB frame, nesting, key types, ``job_id``);
             nothing is sent.
         :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
-            (or 0 with ``confirm=True``).
+            (or 0 with ``confirm=True``); ``deadline`` not above 0, or given with ``confirm=True``.
         """
         self._check_open()
         job_id = os.urandom(16).hex() if job_id is None else job_id
         kind = "confirm" if confirm else "job"
-        frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        if deadline is not None:
+            if confirm:
+                raise ConfigurationError("deadline applies to plain jobs only: a confirmed job always runs",
+                                         setting="deadline")
+            deadline = check_seconds("deadline", deadline, inclusive=False)
+        frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
+                                        deadline=deadline)
         if send_timeout is not None:
             send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:
@@ -216,14 +227,16 @@ class Client:
     ) -> Any:
         """Call with per-call options; see :meth:`call`.
 
-        :param timeout: deadline for this call, seconds (default: ``call_timeout``).
+        :param timeout: deadline for this call, seconds (default: ``call_timeout``). The request
+            carries it, so a worker that reads the call after the caller gave up does not run it
+            (``calls_expired`` in its stats).
         :raises ConfigurationError: ``timeout`` is not a finite number above 0.
         """
         self._check_open()
         timeout = self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
         request_id = os.urandom(16).hex()
         name = _task_name(task)
-        frame = envelope.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
+        frame = envelope.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}), deadline=timeout)
         self._counts["calls"] += 1
         try:
             reply = self._request(frame, request_id, name, timeout)

@@ -242,6 +242,8 @@ class JobScheduler:
             gate.set()
 
     def _attempt(self, job: Job) -> None:
+        if not job.durable and self.runner.expired(job.request) is not None:
+            return  # a plain job past its deadline: counted and logged, not run (nor retried)
         attempts = job.attempts + 1
         if job.durable and not self._count_start(job, attempts):
             return
