@@ -403,7 +403,9 @@ class Worker:
         self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
         self._waiting.kill(timeout=1.0)  # calls still waiting for a slot are refused, not run
         self._admissions.join(timeout=5.0)
-        self.runner.counters["tasks_killed_on_stop"] += self.watchdog.killed
+        if self.watchdog.killed:
+            log.warning("stop: killed %d task(s) that blocked the worker past the grace period", self.watchdog.killed)
+            self.runner.counters["tasks_killed_on_stop"] += self.watchdog.killed
         if len(self._slots):
             log.warning("cold shutdown: killing %d task(s) still running", len(self._slots))
             self.runner.counters["tasks_killed_on_stop"] += len(self._slots)
