@@ -30,6 +30,7 @@ SAMPLES = [
     errors.RequestRejected("ProtocolError", "malformed request", ""),
     errors.JournalUnavailable("JournalUnavailable", "disk full", "", job_id="ab" * 16),
     errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
+    errors.DeadlineExpired("DeadlineExpired", "not run: its deadline had passed 0.500 s before", ""),
 ]
 
 
@@ -65,6 +66,7 @@ def test_call_timeout_keeps_task_and_timeout_across_pickle():
     ("WorkerStopping", errors.WorkerStopping),
     ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
     ("JournalUnavailable", errors.JournalUnavailable), ("DuplicateJob", errors.DuplicateJob),
+    ("DeadlineExpired", errors.DeadlineExpired),
 ])
 def test_a_worker_error_name_maps_to_its_client_class(name, cls):
     error = errors.remote_error(name, "message", "tb", request_id="job-1")

@@ -50,8 +50,8 @@ caller instead of being counted as enqueued and dropped at the worker:
 
 from __future__ import annotations
 
-import reprlib
 import math
+import reprlib
 import time
 from typing import Any, NamedTuple, Optional
 
