@@ -1,8 +1,8 @@
 """Worker: jobs (PULL) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
 
-Receiving waits for a free slot in the task pool (``gevent.pool.Pool``), so a
-busy worker stops draining its sockets, the high-water marks fill, and the
-clients' congestion control sees it.
+Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
+so a busy worker stops draining its jobs socket, the high-water mark fills,
+and the clients' congestion control sees it.
 
 Standalone, the worker binds both sockets. As a child of a prefork
 supervisor (``supervisor.py``) it connects them to the supervisor's proxy
@@ -250,8 +250,11 @@ class Worker:
         steal its signals; and the orphan loop would claim the parent's
         journaled jobs. So stop every inherited watcher, keep the sockets
         referenced but never closed, and kill every copied greenlet except
-        the one that forked.
+        the one that forked. The child gets the default stop signals back:
+        TERM ends it, as any process, instead of stopping a worker it is not.
         """
+        for signum in STOP_SIGNALS:
+            original_signal(signum, signal.SIG_DFL)
         current = gevent.getcurrent()
         for sock in self._sockets:
             _common.disown(sock)
