@@ -401,7 +401,7 @@ class Worker:
         self.scheduler.pause()
         self._stop_taking_jobs()
         rpc = gevent.spawn(self._retire_rpc)
-        if warm and (len(self._slots) or self._backlog):
+        if warm and self._busy():
             self._finish_in_flight()
         self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
         self._waiting.kill(timeout=1.0)  # calls still waiting for a slot are refused, not run
@@ -479,17 +479,21 @@ class Worker:
         self.rpc.close(linger=1000)
         log.info("stopped taking calls")
 
+    def _busy(self) -> bool:
+        """Tasks running, jobs queued in memory, or calls waiting for a slot."""
+        return bool(len(self._slots) or self._backlog or len(self._waiting))
+
     def _finish_in_flight(self) -> None:
         log.info("warm shutdown: waiting up to %.1f s for %d task(s) and %d queued job(s)",
                  self.graceful_timeout, len(self._slots), len(self._backlog))
         deadline = self._stop_deadline or time.monotonic() + self.graceful_timeout
         signals_before = len(self._signals)
-        while (len(self._slots) or self._backlog) and len(self._signals) == signals_before:
+        while self._busy() and len(self._signals) == signals_before:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if not self._backlog:
-                self._slots.join(timeout=min(0.1, remaining))
+            if not self._backlog:  # wait for the tasks, or for the calls waiting to take a free slot
+                (self._slots if len(self._slots) else self._waiting).join(timeout=min(0.1, remaining))
             elif self._slots.free_count():
                 self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
             else:
