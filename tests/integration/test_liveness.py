@@ -115,3 +115,31 @@ def test_a_call_within_its_deadline_runs_and_a_late_one_that_waited_for_a_slot_d
     stats = worker.stats()
     assert not os.path.exists(late)
     assert stats["calls_expired"] == 1 and stats["calls_succeeded"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_call_still_waiting_for_a_slot_at_a_cold_stop_is_refused_not_run(zq_worker, root, tmp_path):
+    worker = zq_worker(TASKS, cwd=root, concurrency=1)
+    waiting = str(tmp_path / "waiting")
+    errors: dict[str, zqsync.RemoteError] = {}
+
+    def call(name: str, task: str, *args) -> None:
+        with zqsync.Client(worker.endpoint, call_timeout=slack(30.0)) as client:
+            try:
+                client.call(task, *args)
+            except zqsync.RemoteError as exc:
+                errors[name] = exc
+
+    callers = [threading.Thread(target=call, args=("running", "nap", 30.0))]
+    callers[0].start()
+    wait_for(lambda: worker.stats()["in_flight"] == 1, what="the slot busy")
+    callers.append(threading.Thread(target=call, args=("waiting", "touch", waiting)))
+    callers[1].start()
+    time.sleep(0.3)  # the second call reaches the worker and waits for the slot
+    os.kill(worker.pid, signal.SIGQUIT)
+    for caller in callers:
+        caller.join(slack(30.0))
+    assert worker.proc.wait(slack(10.0)) == 1
+    assert type(errors["running"]) is zqsync.WorkerShutdown
+    assert type(errors["waiting"]) is zqsync.WorkerStopping  # not run: safe to retry elsewhere
+    assert not os.path.exists(waiting)
