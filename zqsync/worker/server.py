@@ -298,8 +298,8 @@ class Worker:
         return len(self._signals) < 2 and not any(signum in COLD_SIGNALS for signum in self._signals)
 
     def _on_signal(self, signum: int, frame: Any = None) -> None:
-        """Record a stop signal, and when the watchdog kills tasks that still block the hub: at the
-        end of the grace period, or at once for a cold stop. The main greenlet does the rest
+        """Record a stop signal, and tell the watchdog when to kill tasks that still block the hub:
+        at the end of the grace period, or at once for a cold stop. The main greenlet does the rest
         (gunicorn's arbiter). Runs between two bytecodes of whatever holds the main thread."""
         self._signals.append(signum)
         now = time.monotonic()
