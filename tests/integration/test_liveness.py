@@ -23,7 +23,7 @@ CONCURRENCY = 2
 
 
 @contextlib.contextmanager
-def _busy(worker, calls: int, seconds: float) -> Iterator[None]:
+def _busy(worker, calls: int, seconds: float, in_flight: int = CONCURRENCY) -> Iterator[None]:
     """``calls`` cooperative naps of ``seconds`` each, sent from threads: they fill the task slots and
     wait for them. On exit the worker is stopped (its naps end with an error, ignored) and the threads joined."""
 
@@ -38,7 +38,7 @@ def _busy(worker, calls: int, seconds: float) -> Iterator[None]:
     for thread in threads:
         thread.start()
     try:
-        wait_for(lambda: worker.stats()["in_flight"] == CONCURRENCY, what="every slot busy")
+        wait_for(lambda: worker.stats()["in_flight"] == in_flight, what="every slot busy")
         yield
     finally:
         worker.stop()
@@ -60,6 +60,21 @@ def test_ping_and_stats_answer_within_100_ms_while_every_slot_is_busy_and_calls_
         stats = client.call("zqsync.stats")
     assert max(latencies) < slack(0.1), latencies
     assert stats["in_flight"] == CONCURRENCY and stats["calls_succeeded"] == 0  # the naps are all still running
+
+
+@pytest.mark.timeout(60)
+def test_every_busy_prefork_child_answers_stats_within_100_ms(zq_worker, root):
+    worker = zq_worker(TASKS, cwd=root, concurrency=1, extra_args=["--processes", "2", "--graceful-timeout", "0.5"])
+    with _busy(worker, 4, 10.0, in_flight=1), zqsync.Client(worker.endpoint, call_timeout=slack(5.0)) as client:
+        latencies, pids = [], set()
+        for _ in range(10):
+            started = time.perf_counter()
+            stats = client.call_with_options("zqsync.stats", timeout=1.0)
+            latencies.append(time.perf_counter() - started)
+            pids.add(stats["pid"])
+            assert stats["in_flight"] == 1
+    assert max(latencies) < slack(0.1), latencies
+    assert len(pids) == 2  # both children answered, each with its one slot busy
 
 
 @pytest.mark.timeout(60)
