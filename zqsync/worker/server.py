@@ -507,7 +507,8 @@ class Worker:
         :returns: the runner's counters (``jobs_*``, ``confirmed_*``,
             ``calls_*``, ``timed_out``, ``unknown_task``, ``malformed``,
             ``in_flight``; ``calls_expired`` and ``jobs_expired``: not started, past
-            their deadline; ``*_on_stop``: what a stop refused, discarded or killed), ``pid``, ``uptime`` (seconds), ``tasks`` (names),
+            their deadline; ``*_on_stop``: what a stop refused, discarded or killed),
+            ``pid``, ``uptime`` (seconds), ``tasks`` (names),
             ``identities_by_pid``: ``{client pid: distinct socket identities
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
             when the worker binds its own sockets, ``connections_jobs`` /
