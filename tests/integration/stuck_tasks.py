@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gevent
 from gevent import monkey
 
@@ -43,3 +45,10 @@ def touch(path):
     """Leaves a line in ``path``: proof that it ran."""
     _mark(path, "ran")
     return "touched"
+
+
+@registry.task
+def gil_regex(path):
+    """One C call that holds the GIL for hours (catastrophic backtracking), with no time limit."""
+    _mark(path, "matching")
+    return bool(re.match(r"(a+)+$", "a" * 60 + "b"))

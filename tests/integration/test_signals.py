@@ -10,6 +10,7 @@ import pytest
 
 import zqsync
 from tests.helpers import slack, wait_for
+from zqsync.worker.watchdog import HARD_STOP_GRACE
 
 TASKS = "tests.integration.stuck_tasks:registry"
 GRACE = 1.0
@@ -46,13 +47,24 @@ def test_term_stops_a_worker_whose_task_blocks_the_hub_within_the_grace_period(z
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("signals", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGQUIT,)], ids=["term-term", "quit"])
-@pytest.mark.parametrize("task, args", [("spin_forever", ()), ("c_sleep", (60,))])
+@pytest.mark.parametrize("task, args", [("spin_forever", ()), ("c_sleep", (60,)), ("gil_regex", ())])
 def test_a_second_term_or_quit_kills_a_blocking_task_at_once(zq_worker, root, tmp_path, task, args, signals):
     worker = zq_worker(TASKS, cwd=root, concurrency=4, extra_args=["--graceful-timeout", "60"])
     _start_blocking(worker, task, str(tmp_path / "started"), *args)
     status, seconds = _stop_seconds(worker, *signals)
     assert seconds < slack(BOUND), worker.output()
     assert status == 1, worker.output()
+
+
+@pytest.mark.timeout(60)
+def test_a_task_holding_the_gil_at_a_stop_is_ended_by_faulthandler_past_the_grace_period(zq_worker, root, tmp_path):
+    """No Python runs while the regex holds the GIL: faulthandler's C timer, armed by the signal, is the backstop."""
+    worker = zq_worker(TASKS, cwd=root, concurrency=4, extra_args=["--graceful-timeout", str(GRACE)])
+    _start_blocking(worker, "gil_regex", str(tmp_path / "started"))
+    status, seconds = _stop_seconds(worker, signal.SIGTERM)
+    assert seconds < GRACE + HARD_STOP_GRACE + slack(BOUND), worker.output()
+    assert status == 1
+    assert "gil_regex" in worker.output()  # the traceback says where it was stuck
 
 
 @pytest.mark.timeout(60)

@@ -306,6 +306,7 @@ class Worker:
         if self._stop_deadline is None:
             self._stop_deadline = now + self.graceful_timeout
         self.watchdog.kill_tasks_at(self._stop_deadline if self._warm() else now)
+        self.watchdog.kill_if_due()  # cold, and this handler interrupted a task: it ends here
 
     def _watch_parent(self, parent_pid: int) -> None:
         while os.getppid() == parent_pid:

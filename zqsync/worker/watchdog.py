@@ -31,7 +31,10 @@ with the end of its grace period (or now, for a cold stop). If the hub is
 still blocked then, the same signal raises :class:`TaskKilled` (a
 ``GreenletExit``, as gevent's own kill) into the blocking task, which
 interrupts a pure-Python loop and a C call that releases the GIL and
-returns on a signal (``time.sleep``, a socket read). If the hub is still blocked
+returns on a signal (``time.sleep``, a socket read). A cold stop's own signal
+handler raises it at once (:meth:`Watchdog.kill_if_due`), which also reaches
+a C call that checks for signals while it holds the GIL (the ``re`` engine
+does). If the hub is still blocked
 :data:`KILL_GRACE` seconds later, the thread ends the process with status
 :data:`KILLED_EXIT`. A C call that holds the GIL runs no Python thread at
 all, so faulthandler's timer is armed too, for :data:`HARD_STOP_GRACE`
@@ -201,16 +204,19 @@ class Watchdog:
             self._armed_until = earliest
 
     def _on_soft_signal(self, signum: int, frame: Any) -> None:
+        self.kill_if_due()
         running = self._running.get(gevent.getcurrent())
-        if running is None:
-            return
-        now = time.monotonic()
-        if now >= self._kill_at:
-            self._running.pop(gevent.getcurrent(), None)  # one kill per task
+        if running is not None and time.monotonic() >= running.soft:
+            raise SoftTimeLimit(f"task {running.name!r} ran past its time limit without yielding")
+
+    def kill_if_due(self) -> None:
+        """From a signal handler: raise :class:`TaskKilled` if the current greenlet runs a task and
+        the kill time of :meth:`kill_tasks_at` has come (once per task)."""
+        running = self._running.get(gevent.getcurrent())
+        if running is not None and time.monotonic() >= self._kill_at:
+            del self._running[gevent.getcurrent()]
             self.killed += 1
             raise TaskKilled(f"task {running.name!r} killed: the worker is stopping and the task blocked it")
-        if now >= running.soft:
-            raise SoftTimeLimit(f"task {running.name!r} ran past its time limit without yielding")
 
     # -- the native thread ---------------------------------------------------
 
