@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Optional, Sequence
 
 from . import __version__, settings
@@ -51,6 +52,7 @@ def _checked(check: Callable[[str, Any], Any]) -> Callable[[str], Any]:
 
 _positive_int = _checked(settings._positive_int)
 _seconds = _checked(settings.check_seconds)
+_timeout = _checked(settings._deadline)
 
 
 CLIENT_COMMANDS = (
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_commands(commands, common, curve_client)
     _add_job(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
+    _add_ping(commands, common, curve_client)
     _add_keygen(commands, common)
     _add_demo(commands, common)
     _add_bench(commands, common)
@@ -263,6 +266,19 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: arg
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
     stats.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the answer (default: 5)")
     stats.set_defaults(handler=cmd_stats)
+
+
+def _add_ping(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync ping``: a liveness probe."""
+    ping = commands.add_parser(
+        "ping", parents=[common, curve_client], help="check that a worker answers (a liveness probe; exit 0 or 1)",
+        description="Send zqsync.ping to a worker. It is answered outside the task pool, so a worker whose "
+        "task slots are all busy still answers. Prints 'pong from ENDPOINT in X ms' and exits 0, or prints "
+        "why there was no pong and exits 1.",
+    )
+    ping.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
+    ping.add_argument("--timeout", type=_timeout, default=1.0, help="seconds to wait for the pong (default: 1)")
+    ping.set_defaults(handler=cmd_ping)
 
 
 def _add_keygen(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -604,6 +620,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
         pools = "  ".join(f"{name}: opened {client[name]['opened']} reused {client[name]['reused']}"
                           for name in ("push", "dealer"))
         print(f"  client {index} in tasks: {pools}")
+    return 0
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    """``zqsync ping``: 0 if the worker answered within ``--timeout`` seconds, else 1 with the reason on stderr.
+
+    :raises ConfigurationError: a malformed endpoint or CURVE key option.
+    """
+    from .errors import ZqsyncError
+
+    with _client(args) as client:
+        started = time.perf_counter()
+        try:
+            client.call_with_options("zqsync.ping", timeout=args.timeout)
+        except ZqsyncError as exc:
+            print(f"zqsync ping: no pong from {args.endpoint} within {args.timeout:g} s: {_error_text(exc)}",
+                  file=sys.stderr)
+            return 1
+        elapsed = time.perf_counter() - started
+    print(f"pong from {args.endpoint} in {elapsed * 1e3:.1f} ms")
     return 0
 
 

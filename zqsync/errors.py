@@ -234,3 +234,13 @@ class JobCancelled(RemoteError):
 
 
 REMOTE_ERRORS[JobCancelled.__name__] = JobCancelled
+
+
+class DeadlineExpired(RemoteError):
+    """The worker read the request after its deadline (the caller's timeout) had passed, and did
+    not run it: the caller had given up. Seen by a caller only when clocks disagree or the reply
+    outraces the caller's own timeout. ``remote_message`` says by how much it was late.
+    """
+
+
+REMOTE_ERRORS[DeadlineExpired.__name__] = DeadlineExpired

@@ -60,9 +60,10 @@ def test_term_runs_or_counts_every_queued_plain_job(zq_worker, tmp_path):
         wait_for(lambda: len(lines(target)) >= 2, what="the first jobs to run")
         time.sleep(0.3)  # 30 kB on loopback: all of it is in the worker's process by now
         worker.proc.send_signal(signal.SIGTERM)
-        assert worker.proc.wait(30) == 0
+        status = worker.proc.wait(30)
     ran = lines(target)
     discarded, killed = logged_discards(worker.output()), logged_kills(worker.output())
+    assert status == (1 if killed else 0)  # a stop that killed a task exits non-zero
     print(f"accepted 300, executed {len(ran)}, discarded (logged) {discarded}, killed (logged) {killed}")
     assert len(set(ran)) == len(ran)
     assert 0 < len(ran) < 300

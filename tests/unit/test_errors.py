@@ -31,6 +31,7 @@ SAMPLES = [
     errors.JournalUnavailable("JournalUnavailable", "disk full", "", job_id="ab" * 16),
     errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
     errors.JobCancelled("JobCancelled", "cancelled while it ran", "", job_id="ef" * 16),
+    errors.DeadlineExpired("DeadlineExpired", "not run: its deadline had passed 0.500 s before", ""),
 ]
 
 
@@ -67,6 +68,7 @@ def test_call_timeout_keeps_task_and_timeout_across_pickle():
     ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
     ("JournalUnavailable", errors.JournalUnavailable), ("DuplicateJob", errors.DuplicateJob),
     ("JobCancelled", errors.JobCancelled),
+    ("DeadlineExpired", errors.DeadlineExpired),
 ])
 def test_a_worker_error_name_maps_to_its_client_class(name, cls):
     error = errors.remote_error(name, "message", "tb", request_id="job-1")

@@ -145,6 +145,7 @@ class Client:
         delay: Optional[float] = None,
         eta: Optional[datetime.datetime] = None,
         store_result: bool = False,
+        deadline: Optional[float] = None,
     ) -> str:
         """Send a job with per-call options; see :meth:`enqueue`.
 
@@ -171,6 +172,10 @@ class Client:
         :param store_result: for a plain job, ask the worker to keep its status and result in memory
             (bounded, ``--keep-done`` seconds) for :meth:`job` and :meth:`result`, as a task registered with
             ``store_result=True`` does. Confirmed jobs keep theirs in the journal anyway.
+        :param deadline: seconds from now after which no worker starts this plain job; a worker
+            that reads it later skips it and counts it (``jobs_expired`` in its stats). The budget
+            is stamped on receipt by the worker's own clock (``zqsync/wire/envelope.py``).
+            ``None``: no deadline. Not for ``confirm=True`` (a confirmed job always runs).
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
@@ -183,7 +188,8 @@ class Client:
             nothing is sent.
         :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
             (or 0 with ``confirm=True``); ``delay`` not a number of seconds >= 0, ``eta`` not an aware
-            datetime, or both given.
+            datetime, or both given; ``deadline`` not above 0, or given with ``confirm=True`` (or with
+            ``delay``/``eta``).
         :raises NoJournal: ``delay``/``eta`` (or ``confirm``) and the worker keeps no journal.
         """
         self._check_open()
@@ -191,15 +197,20 @@ class Client:
         if routed is not self:
             return routed.enqueue_with_options(task, args=args, kwargs=kwargs, confirm=confirm, congestion=congestion,
                                                send_timeout=send_timeout, job_id=job_id, delay=delay, eta=eta,
-                                               store_result=store_result)
+                                               store_result=store_result, deadline=deadline)
         job_id = os.urandom(16).hex() if job_id is None else job_id
         options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
         due = _due(delay, eta)
         if due is not None:
             confirm, options = True, {"due": due}
         kind = "confirm" if confirm else "job"
+        if deadline is not None:
+            if confirm:
+                raise ConfigurationError("deadline applies to plain jobs only: a confirmed job always runs",
+                                         setting="deadline")
+            deadline = check_seconds("deadline", deadline, inclusive=False)
         frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
-                                        options=options)
+                                        options=options, deadline=deadline)
         if send_timeout is not None:
             send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:
@@ -269,7 +280,9 @@ class Client:
     ) -> Any:
         """Call with per-call options; see :meth:`call`.
 
-        :param timeout: deadline for this call, seconds (default: ``call_timeout``).
+        :param timeout: deadline for this call, seconds (default: ``call_timeout``). The request
+            carries it, so a worker that reads the call after the caller gave up does not run it
+            (``calls_expired`` in its stats).
         :raises ConfigurationError: ``timeout`` is not a finite number above 0.
         """
         self._check_open()
@@ -294,7 +307,7 @@ class Client:
     def _call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                  address: Optional[str] = None) -> envelope.Reply:
         request_id = os.urandom(16).hex()
-        frame = envelope.encode_request("call", request_id, name, args, kwargs)
+        frame = envelope.encode_request("call", request_id, name, args, kwargs, deadline=timeout)
         return self._request(frame, request_id, name, timeout, address=address)
 
     # -- job handles ---------------------------------------------------------

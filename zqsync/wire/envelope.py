@@ -4,11 +4,23 @@ Request (client to worker; PUSH frame, or DEALER frame that a ROUTER
 receives as ``[identity, body]``)::
 
     {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map,
-     "opts": {"due": float, "store": bool}}
+     "opts": {"due": float, "store": bool}, "deadline": float, "sent": float}
 
 ``opts`` is optional and sent only when set: ``due`` (epoch seconds, UTC) is
 when a confirmed job may run at the earliest (a delayed job); ``store`` asks
 the worker to keep a plain job's status and result for ``zqsync.job``.
+
+``deadline`` and ``sent`` are optional and go together (a request without
+them never expires, as before): ``deadline`` is the budget in seconds the
+sender still had when it encoded the request (a call's timeout, a plain
+job's ``deadline=``), ``sent`` the sender's wall-clock time then (Unix
+seconds). The worker stamps the budget on receipt with its own monotonic
+clock, so clocks that disagree across hosts do not matter while the request
+travels and queues in the worker's process. But a request that waited in
+a stopped worker's kernel buffers is "received" only when the worker runs
+again, so the worker also checks ``sent + deadline`` against its own wall
+clock, allowing :data:`CLOCK_SKEW` seconds of disagreement between hosts
+(``Request.expires``). A worker does not start a request past its deadline.
 
 ``confirm`` is a job sent over the rpc socket: the reply acknowledges that it
 is durable in the worker's journal.
@@ -42,8 +54,10 @@ caller instead of being counted as enqueued and dropped at the worker:
 
 from __future__ import annotations
 
+import math
 import reprlib
-from typing import Any, NamedTuple
+import time
+from typing import Any, NamedTuple, Optional
 
 import msgpack
 
@@ -58,6 +72,9 @@ MAX_ID = 64
 #: Most elements of one msgpack array or map, and deepest nesting of arguments and results.
 MAX_ITEMS = 1_000_000
 MAX_DEPTH = 100
+#: Seconds the wall clocks of a client's and a worker's hosts may disagree before a request
+#: that carries a deadline is refused early (or run late) because of it.
+CLOCK_SKEW = 1.0
 
 
 class Request(NamedTuple):
@@ -69,6 +86,13 @@ class Request(NamedTuple):
     args: list[Any]
     kwargs: dict[str, Any]
     options: dict[str, Any] = {}
+    #: seconds of budget the sender had when it encoded the request; ``None``: no deadline.
+    deadline: Optional[float] = None
+    #: the sender's wall-clock time (Unix seconds) when it encoded the request, with ``deadline``.
+    sent: Optional[float] = None
+    #: never on the wire: the decoding side's ``time.monotonic()`` after which the request must not
+    #: start, stamped by :func:`decode_request` (``None``: no deadline).
+    expires: Optional[float] = None
 
 
 #: Request options and their types (``opts`` on the wire).
@@ -137,6 +161,7 @@ def _check_text(field: str, value: Any, limit: int) -> str:
 def encode_request(
     kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None, *, max_size: int = MAX_MESSAGE_SIZE,
     options: Any = None,
+    deadline: Optional[float] = None,
 ) -> bytes:
     """Encode a request frame.
 
@@ -148,6 +173,8 @@ def encode_request(
     :param kwargs: keyword arguments (dict with str keys) or ``None``.
     :param max_size: the largest frame, bytes, a worker accepts.
     :param options: request options (``{"due": epoch seconds, "store": bool}``), or ``None``.
+    :param deadline: seconds from now after which the worker must not start the request
+        (stamped with the current wall-clock time as ``sent``); ``None``: no deadline.
     :raises ProtocolError: the request breaks a limit of the module docstring
         (the message names the limit and the value), or an argument cannot be
         serialised. Nothing is sent then.
@@ -159,6 +186,8 @@ def encode_request(
     message = {"v": VERSION, "id": request_id, "kind": kind, "task": task, "args": args, "kwargs": kwargs}
     if options:
         message["opts"] = _check_options(options)
+    if deadline is not None:
+        message["deadline"], message["sent"] = _check_seconds("deadline", deadline), time.time()
     frame = _pack(message)
     if len(frame) > max_size:
         raise ProtocolError(
@@ -169,7 +198,9 @@ def encode_request(
 
 
 def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
-    """Decode and validate a request frame.
+    """Decode and validate a request frame, and stamp its deadline (``expires``) on receipt.
+
+    Call it when the request is read: the budget counts from then.
 
     :raises ProtocolError: the frame is malformed; the message names the fault.
     """
@@ -184,7 +215,12 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
     if not isinstance(args, list):
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
     _check_arguments(args, kwargs)
-    return Request(message["id"], kind, task, args, kwargs, _check_options(message.get("opts", {})))
+    deadline, sent = message.get("deadline"), message.get("sent")
+    if deadline is not None or sent is not None:
+        deadline, sent = _check_seconds("deadline", deadline), _check_seconds("sent", sent)
+    request = Request(message["id"], kind, task, args, kwargs, _check_options(message.get("opts", {})),
+                      deadline, sent)
+    return request._replace(expires=_expires_at(request, time.monotonic()))
 
 
 def _check_options(options: Any) -> dict[str, Any]:
@@ -196,6 +232,26 @@ def _check_options(options: Any) -> dict[str, Any]:
             raise ProtocolError(f"option {_short(key)} is unknown or has a bad value {_short(value)} "
                                 f"(known: due: epoch seconds, store: bool)")
     return dict(options)
+
+
+def _check_seconds(field: str, value: Any) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise ProtocolError(f"field {field!r} must be a finite number of seconds >= 0, got {_short(value)}")
+    return float(value)
+
+
+def _expires_at(request: Request, received: float) -> Optional[float]:
+    """The decoding side's monotonic time after which ``request`` must not start; ``None``: no deadline.
+
+    :param received: the worker's ``time.monotonic()`` when it read the request.
+    :returns: the earlier of ``received + deadline`` (immune to clock differences between
+        hosts) and the wall-clock bound ``sent + deadline + CLOCK_SKEW`` moved onto the
+        monotonic clock (catches a request that waited in a stopped worker's buffers).
+    """
+    if request.deadline is None or request.sent is None:
+        return None
+    by_wall = request.sent + request.deadline + CLOCK_SKEW - time.time()
+    return received + min(request.deadline, by_wall)
 
 
 def _check_arguments(args: list[Any], kwargs: Any) -> None:

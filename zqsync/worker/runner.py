@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import gevent
 
-from ..errors import NoJournal, ProtocolError, TimeLimitExceeded, UnknownTask
+from ..errors import DeadlineExpired, NoJournal, ProtocolError, TimeLimitExceeded, UnknownTask
 from ..logs import RateLimitedLog
 from ..wire import envelope
 from .durations import Durations
@@ -42,6 +42,8 @@ COUNTERS = (
     "malformed",
     "in_flight",
     "hook_errors",
+    "calls_expired",
+    "jobs_expired",
 )
 
 #: An error as sent in a reply: (type name, message, traceback).
@@ -116,16 +118,26 @@ class Runner:
             )
         return request, task
 
+    def is_builtin(self, task: Task) -> bool:
+        """Whether ``task`` is one of the worker's own ``zqsync.*`` tasks (answered outside the task pool)."""
+        return task.fn is self.builtins.get(task.name)
+
     def answer_call(self, request: envelope.Request, task: Task) -> bytes:
         """Run a call; returns its reply frame (the result, or the task's error).
 
         The worker's own ``zqsync.*`` tasks are answered without being
-        counted or timed, so asking for stats never changes them.
+        counted or timed, so asking for stats never changes them. A call
+        past its deadline is not run: its reply is a ``DeadlineExpired`` error.
         """
-        if task.fn is self.builtins.get(task.name):
+        if self.is_builtin(task):
             ok, value = self.run(task, request, counted=False)
             return envelope.encode_result(request.id, value) if ok else envelope.encode_error(request.id, *value)
         self.counters["calls_received"] += 1
+        late = self.expired(request)
+        if late is not None:
+            return envelope.encode_error(request.id, DeadlineExpired.__name__,
+                                         f"call {request.id} to {task.name!r} was not run: its deadline had passed "
+                                         f"{late:.3f} s before the worker could start it (the caller gave up)")
         ok, value = self.run(task, request)
         if ok:
             try:
@@ -136,6 +148,17 @@ class Runner:
                 value = ("TypeError", f"task {task.name!r} returned a value that {exc}", "")
         self.counters["calls_failed"] += 1
         return envelope.encode_error(request.id, *value)
+
+    def expired(self, request: envelope.Request) -> Optional[float]:
+        """Seconds by which ``request`` is past its deadline (counted as ``calls_expired`` or
+        ``jobs_expired``, and logged, rate-limited), or ``None`` if it may start."""
+        late = None if request.expires is None else time.monotonic() - request.expires
+        if late is None or late <= 0:
+            return None
+        self.counters["jobs_expired" if request.kind == "job" else "calls_expired"] += 1
+        self._log.warning(("expired", request.kind), "did not start %s %s (%s): its deadline passed %.3f s ago",
+                          request.kind, request.id, request.task, late)
+        return late
 
     def _lookup(self, request: envelope.Request) -> Optional[Task]:
         builtin = self.builtins.get(request.task)

@@ -257,6 +257,8 @@ class JobScheduler:
             gate.set()
 
     def _attempt(self, job: Job) -> None:
+        if not job.durable and self.runner.expired(job.request) is not None:
+            return  # a plain job past its deadline: counted and logged, not run (nor retried)
         attempts = job.attempts + 1
         job_id = job.request.id
         if not job.durable and self.book.take_cancel(job_id):

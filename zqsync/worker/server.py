@@ -1,16 +1,25 @@
 """Worker: jobs (PULL) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
 
-Receiving waits for a free slot in the task pool (``gevent.pool.Pool``), so a
-busy worker stops draining its sockets, the high-water marks fill, and the
-clients' congestion control sees it.
+Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
+so a busy worker stops draining its jobs socket, the high-water mark fills,
+and the clients' congestion control sees it.
 
 Standalone, the worker binds both sockets. As a child of a prefork
 supervisor (``supervisor.py``) it connects them to the supervisor's proxy
 backends instead, and rpc requests then carry the proxy's routing id in
 front of the client's.
 
+The worker's own ``zqsync.*`` calls (ping, stats) never wait for a task
+slot: they run in a greenlet of their own as soon as they are read. Calls
+that wait for a slot wait in greenlets too (at most :data:`WAITING_CALLS`),
+so the rpc socket keeps being read, and a ping answers while the pool is full.
+
 Shutdown (gunicorn's arbiter model): signal handlers only record the signal;
-the main greenlet acts on it. TERM/INT is warm, in this order:
+the main greenlet acts on it. They are Python-level handlers, not gevent's:
+Python runs them between two bytecodes even while a task blocks the hub,
+and the watchdog's native thread (``watchdog.py``) then kills that task at
+the end of the grace period (at once for a cold stop), so a stop never
+waits on a task. TERM/INT is warm, in this order:
 
 1. Take no more jobs. Standalone, the jobs endpoint is unbound: libzmq then
    closes the listener *and every client connection on it*, so clients
@@ -43,7 +52,10 @@ client refills as fast. Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
-the next start), and queued plain jobs are discarded with a count.
+the next start), calls still waiting for a slot are refused (``WorkerStopping``),
+and queued plain jobs are discarded with a count. A worker that killed
+tasks exits with status :data:`~zqsync.worker.watchdog.KILLED_EXIT` (1), and counts
+them (``tasks_killed_on_stop``).
 """
 
 from __future__ import annotations
@@ -58,7 +70,6 @@ from functools import partial
 from typing import Any, Optional
 
 import gevent
-import gevent.event
 import gevent.pool
 import zmq
 import zmq.green
@@ -74,7 +85,7 @@ from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
-from .watchdog import Watchdog
+from .watchdog import KILLED_EXIT, Watchdog, original_signal
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +100,15 @@ DRAIN_QUIET = 0.2
 #: Most seconds a supervised child spends reading its backend queue before it disconnects.
 DRAIN_LIMIT = 5.0
 #: Counters of what a stop refused or discarded (``zqsync.stats``).
-STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop")
+STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "tasks_killed_on_stop")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 COLD_SIGNALS = (signal.SIGQUIT,)
+#: Calls waiting for a task slot at once; past it the rpc socket is not read until one starts.
+WAITING_CALLS = 1000
+#: The worker's own ``zqsync.*`` calls answered at once (they need no task slot).
+ADMIN_CALLS = 64
+#: Seconds between two looks of the main greenlet for a recorded stop signal.
+SIGNAL_POLL = 0.05
 
 
 def _after_fork(worker: "weakref.ReferenceType[Worker]") -> None:
@@ -155,7 +173,8 @@ class Worker:
             raise ConfigurationError("named queues need a single worker process (no --processes)", setting="queues")
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
-        self._calls_waiting = 0
+        self._waiting = gevent.pool.Pool(WAITING_CALLS)
+        self._admin = gevent.pool.Pool(ADMIN_CALLS)
         self._backlog: collections.deque[bytes] = collections.deque()
         self._stopping = False
         self._replied_at = 0.0
@@ -167,7 +186,7 @@ class Worker:
         )
         self.runner.builtins.update(self.scheduler.book.builtins())
         self._signals: list[int] = []
-        self._wakeup = gevent.event.Event()
+        self._stop_deadline: Optional[float] = None
         self._greenlets: list[gevent.Greenlet] = []
         self._receivers: list[gevent.Greenlet] = []
         self._queue_receivers: list[gevent.Greenlet] = []
@@ -241,14 +260,18 @@ class Worker:
         steal its signals; and the orphan loop would claim the parent's
         journaled jobs. So stop every inherited watcher, keep the sockets
         referenced but never closed, and kill every copied greenlet except
-        the one that forked.
+        the one that forked. The child gets the default stop signals back:
+        TERM ends it, as any process, instead of stopping a worker it is not.
         """
+        for signum in STOP_SIGNALS:
+            original_signal(signum, signal.SIG_DFL)
         current = gevent.getcurrent()
         for sock in self._sockets:
             _common.disown(sock)
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
                   *self._slots.greenlets, *self._admissions.greenlets, *self._calls.greenlets,
+                  *self._waiting.greenlets, *self._admin.greenlets,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:
@@ -257,14 +280,16 @@ class Worker:
     # -- serving -----------------------------------------------------------
 
     def serve(self) -> int:
-        """Bind (if not yet bound), serve until a stop signal, shut down; returns the exit status 0.
+        """Bind (if not yet bound), serve until a stop signal, shut down; returns the exit status:
+        0, or :data:`~zqsync.worker.watchdog.KILLED_EXIT` if the stop killed tasks.
 
-        Blocks the calling greenlet. Installs SIGTERM, SIGINT and SIGQUIT handlers.
+        Blocks the calling greenlet. Installs SIGTERM, SIGINT and SIGQUIT handlers (Python-level,
+        in the main thread: call it there).
         """
         if self.endpoint is None:
             self.bind()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-            gevent.signal_handler(signum, self._on_signal, signum)
+        for signum in STOP_SIGNALS:
+            original_signal(signum, self._on_signal)
         self.watchdog.start()
         self.scheduler.start()
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
@@ -278,17 +303,25 @@ class Worker:
         log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
                  os.getpid(), len(self.registry), where, self.concurrency)
         self._write_ready_file()
-        self._wakeup.wait()
+        while not self._signals:
+            gevent.sleep(SIGNAL_POLL)
         self.shutdown(warm=self._warm())
-        return 0
+        killed = self.runner.counters["tasks_killed_on_stop"]
+        return KILLED_EXIT if killed else 0
 
     def _warm(self) -> bool:
         return len(self._signals) < 2 and not any(signum in COLD_SIGNALS for signum in self._signals)
 
-    def _on_signal(self, signum: int) -> None:
-        # Only record it; the main greenlet decides what to do (gunicorn's arbiter).
+    def _on_signal(self, signum: int, frame: Any = None) -> None:
+        """Record a stop signal, and tell the watchdog when to kill tasks that still block the hub:
+        at the end of the grace period, or at once for a cold stop. The main greenlet does the rest
+        (gunicorn's arbiter). Runs between two bytecodes of whatever holds the main thread."""
         self._signals.append(signum)
-        self._wakeup.set()
+        now = time.monotonic()
+        if self._stop_deadline is None:
+            self._stop_deadline = now + self.graceful_timeout
+        self.watchdog.kill_tasks_at(self._stop_deadline if self._warm() else now)
+        self.watchdog.kill_if_due()  # cold, and this handler interrupted a task: it ends here
 
     def _watch_parent(self, parent_pid: int) -> None:
         while os.getppid() == parent_pid:
@@ -308,8 +341,9 @@ class Worker:
             self._slots.spawn(self.scheduler.run_plain, frame)
 
     def _receive_calls(self) -> None:
-        # A call needs a task slot: spawning it waits for one, with the call in
-        # hand, and receiving stops meanwhile. A confirmed job needs only to be
+        # A call needs a task slot: it waits for one in a greenlet of its own
+        # (up to WAITING_CALLS of them; past that, receiving stops). The worker's
+        # own calls need no slot and run at once. A confirmed job needs only to be
         # journaled, so it is admitted without a task slot, up to a backlog
         # bound (scheduler.py); the journal, not the task pool, buffers it.
         # The worker's own zqsync.* calls take no slot either: a long-poll
@@ -325,14 +359,17 @@ class Worker:
                 self._refuse(envelope, decoded[0])
             elif decoded[0].kind == "confirm":
                 self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
-            elif decoded[0].task in self.runner.builtins:
-                self._calls.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
+            elif self.runner.is_builtin(decoded[1]):
+                self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
             else:
-                self._calls_waiting += 1  # spawning waits for a free slot
-                try:
-                    self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
-                finally:
-                    self._calls_waiting -= 1
+                self._waiting.spawn(self._start_call, envelope, *decoded)
+
+    def _start_call(self, envelope: list[bytes], request: Any, task: Any) -> None:
+        """Wait for a task slot and run the call in it; a stop that kills the wait refuses the call."""
+        try:
+            self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, request, task))
+        except gevent.GreenletExit:
+            self._refuse(envelope, request)
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
@@ -384,12 +421,17 @@ class Worker:
         self.scheduler.pause()
         self._stop_taking_jobs()
         rpc = gevent.spawn(self._retire_rpc)
-        if warm and (self._running() or self._backlog):
+        if warm and self._busy():
             self._finish_in_flight()
         self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
+        self._waiting.kill(timeout=1.0)  # calls still waiting for a slot are refused, not run
         self._admissions.join(timeout=5.0)
+        if self.watchdog.killed:
+            log.warning("stop: killed %d task(s) that blocked the worker past the grace period", self.watchdog.killed)
+            self.runner.counters["tasks_killed_on_stop"] += self.watchdog.killed
         if self._running():
             log.warning("cold shutdown: killing %d task(s) still running", self._running())
+            self.runner.counters["tasks_killed_on_stop"] += self._running()
             for pool in self._pools():
                 pool.kill(timeout=1.0)
         rpc.join(timeout=5.0 + REPLY_DRAIN)
@@ -451,7 +493,7 @@ class Worker:
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
-        while len(self._calls) or self._calls_waiting:
+        while len(self._calls) or len(self._waiting) or len(self._admin):
             self._calls.join(timeout=0.05)
         self._admissions.join(timeout=5.0)
         # Closing a TCP socket with unread input (a client's heartbeat, say)
@@ -465,18 +507,25 @@ class Worker:
         self.rpc.close(linger=1000)
         log.info("stopped taking calls")
 
+    def _busy(self) -> bool:
+        """Tasks running (any queue), jobs queued in memory, or calls waiting for a slot."""
+        return bool(self._running() or self._backlog or len(self._waiting))
+
     def _finish_in_flight(self) -> None:
         log.info("warm shutdown: waiting up to %.1f s for %d task(s) and %d queued job(s)",
                  self.graceful_timeout, self._running(), len(self._backlog))
-        deadline = time.monotonic() + self.graceful_timeout
+        deadline = self._stop_deadline or time.monotonic() + self.graceful_timeout
         signals_before = len(self._signals)
-        while (self._running() or self._backlog) and len(self._signals) == signals_before:
+        while self._busy() and len(self._signals) == signals_before:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if not self._backlog:
-                for pool in self._pools():
-                    pool.join(timeout=min(0.1, remaining))
+            if not self._backlog:  # wait for the tasks, or for the calls waiting to take a free slot
+                if self._running():
+                    for pool in self._pools():
+                        pool.join(timeout=min(0.1, remaining))
+                else:
+                    self._waiting.join(timeout=min(0.1, remaining))
             elif self._slots.free_count():
                 self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
             else:
@@ -495,7 +544,9 @@ class Worker:
 
         :returns: the runner's counters (``jobs_*``, ``confirmed_*``,
             ``calls_*``, ``timed_out``, ``unknown_task``, ``malformed``,
-            ``in_flight``), ``pid``, ``uptime`` (seconds), ``tasks`` (names),
+            ``in_flight``; ``calls_expired`` and ``jobs_expired``: not started, past
+            their deadline; ``*_on_stop``: what a stop refused, discarded or killed),
+            ``pid``, ``uptime`` (seconds), ``tasks`` (names),
             ``identities_by_pid``: ``{client pid: distinct socket identities
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
             when the worker binds its own sockets, ``connections_jobs`` /

@@ -17,7 +17,10 @@ builds its own sockets and client pools.
   the children stop as standalone workers do (``server.py``): each reads
   its backend queue to the end, runs it and finishes in-flight tasks within
   ``graceful_timeout``, or counts and logs what it discards. A second TERM/INT, or QUIT: cold; the
-  children are told to kill their tasks. Stragglers are SIGKILLed.
+  children are told to kill their tasks. A child kills a task that blocks its hub itself
+  (``server.py``, ``watchdog.py``); stragglers are SIGKILLed ``graceful_timeout`` + 5 s after the
+  first signal. The supervisor exits with status 1 if a child exited non-zero during the
+  stop (it killed tasks) or had to be SIGKILLed.
 * HUP: a rolling restart behind public sockets that stay bound. For each old
   child in turn: start its replacement and wait until it is ready; stop the
   jobs proxy (TERMINATE, and join its thread: nothing is forwarded after
@@ -138,6 +141,7 @@ class Supervisor:
         self._proxies: dict[str, tuple[zmq.Socket, threading.Thread]] = {}
         self._reloads = 0
         self._spawned = 0
+        self._unclean_stops = 0  # children that exited non-zero during the stop, or were SIGKILLed
 
     # -- proxies -----------------------------------------------------------
 
@@ -289,7 +293,8 @@ class Supervisor:
             log.info("zqsync supervisor pid %d: %d worker children behind %s", os.getpid(), self.processes, self.endpoint)
             status = self._loop(backend)
             self._stop_children()
-            return status
+            self._kill_children()
+            return status or (1 if self._unclean_stops else 0)
         finally:
             self._kill_children()
             self._stop_proxies()
@@ -423,17 +428,19 @@ class Supervisor:
     def _reap_quietly(self) -> None:
         while self.children:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 self.children.clear()
                 return
             if pid == 0:
                 return
-            self.children.pop(pid, None)
+            if self.children.pop(pid, None) is not None and status != 0:
+                self._unclean_stops += 1
 
     def _kill_children(self) -> None:
         if self.children:
             log.warning("killing %d worker children that did not stop", len(self.children))
+            self._unclean_stops += len(self.children)
         self._signal_children(signal.SIGKILL)
         for pid in list(self.children):
             try:

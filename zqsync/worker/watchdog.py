@@ -26,6 +26,20 @@ in the hub can stop it. The watchdog is a native thread outside the hub:
   (``Restart=on-failure``). A confirmed job killed this way is still pending
   in the journal, so it runs again after the restart as its ``retries`` say.
 
+**Stop.** A worker told to stop (``server.py``) calls :meth:`Watchdog.kill_tasks_at`
+with the end of its grace period (or now, for a cold stop). If the hub is
+still blocked then, the same signal raises :class:`TaskKilled` (a
+``GreenletExit``, as gevent's own kill) into the blocking task, which
+interrupts a pure-Python loop and a C call that releases the GIL and
+returns on a signal (``time.sleep``, a socket read). A cold stop's own signal
+handler raises it at once (:meth:`Watchdog.kill_if_due`), which also reaches
+a C call that checks for signals while it holds the GIL (the ``re`` engine
+does). If the hub is still blocked
+:data:`KILL_GRACE` seconds later, the thread ends the process with status
+:data:`KILLED_EXIT`. A C call that holds the GIL runs no Python thread at
+all, so faulthandler's timer is armed too, for :data:`HARD_STOP_GRACE`
+seconds past the kill: it dumps the tracebacks and exits with status 1.
+
 Both limits use the monotonic clock, and cost the hub one timer wake-up per
 ``interval`` and a dict update per task.
 """
@@ -33,6 +47,7 @@ Both limits use the monotonic clock, and cost the hub one timer wake-up per
 from __future__ import annotations
 
 import faulthandler
+import math
 import os
 import signal
 import sys
@@ -45,6 +60,12 @@ import gevent
 SOFT_SIGNAL = signal.SIGUSR2
 #: Exit status of a worker process ended by a hard time limit (faulthandler's).
 HARD_LIMIT_EXIT = 1
+#: Exit status of a worker that stopped with tasks killed (by a cold stop or the end of the grace period).
+KILLED_EXIT = 1
+#: Seconds a stop waits, past killing a task that blocks the hub, for the hub to run again before it exits.
+KILL_GRACE = 2.0
+#: Seconds past a stop's kill time after which faulthandler's C timer ends the process whatever holds the GIL.
+HARD_STOP_GRACE = 5.0
 
 
 class SoftTimeLimit(BaseException):
@@ -55,6 +76,14 @@ class SoftTimeLimit(BaseException):
     """
 
 
+class TaskKilled(gevent.GreenletExit):
+    """Raised inside a task that blocked the hub when its worker stopped and killed its tasks.
+
+    A ``GreenletExit``, as gevent's ``Greenlet.kill`` raises: the task ends the same way
+    whether the hub was free (the worker kills it) or blocked (the watchdog does).
+    """
+
+
 #: Seconds between two soft-limit signals to the same task (one may land while another greenlet runs).
 RESIGNAL = 0.5
 
@@ -62,8 +91,16 @@ RESIGNAL = 0.5
 class _Running:
     __slots__ = ("name", "soft", "hard", "next_signal")
 
-    def __init__(self, name: str, soft: float, hard: float) -> None:
-        self.name, self.soft, self.hard, self.next_signal = name, soft, hard, soft
+    def __init__(self, name: str, soft: float, hard: Optional[float], kill_at: float) -> None:
+        self.name, self.soft, self.hard, self.next_signal = name, soft, hard, min(soft, kill_at)
+
+
+def original_signal(signum: int, handler: Any) -> None:
+    """Install a Python-level handler for ``signum``, past gevent's monkey-patching of ``signal``.
+
+    Python runs it in the main thread between two bytecodes, even while a task blocks the hub.
+    """
+    _original("signal", "signal")(signum, handler)
 
 
 def _original(module: str, name: str) -> Any:
@@ -93,10 +130,14 @@ class Watchdog:
         self._ticker: Optional[gevent.Greenlet] = None
         self._armed_until: Optional[float] = None
         self._pid = os.getpid()
+        self._kill_at = math.inf
+        self._stop_hard: Optional[float] = None
+        #: tasks killed by :meth:`kill_tasks_at` while they blocked the hub
+        self.killed = 0
 
     def start(self) -> None:
         """Install the soft-limit signal handler, and start the hub's ticker and the watching thread."""
-        _original("signal", "signal")(SOFT_SIGNAL, self._on_soft_signal)
+        original_signal(SOFT_SIGNAL, self._on_soft_signal)
         self._ticker = gevent.spawn(self._tick_forever)
         _original("_thread", "start_new_thread")(self._watch, (_original("time", "sleep"),))
 
@@ -112,13 +153,25 @@ class Watchdog:
         """The ticker greenlet, if started (a forked child kills its copy)."""
         return [self._ticker] if self._ticker is not None else []
 
+    def kill_tasks_at(self, when: float) -> None:
+        """Kill the tasks that block the hub at monotonic time ``when`` (see the module docstring).
+
+        Safe to call from a Python signal handler; an earlier ``when`` than a previous call wins.
+        """
+        self._kill_at = min(self._kill_at, when)
+        for running in list(self._running.values()):
+            running.next_signal = min(running.next_signal, self._kill_at)
+        self._stop_hard = self._kill_at + HARD_STOP_GRACE
+        self._arm(time.monotonic())
+
     def enter(self, name: str, time_limit: Optional[float]) -> None:
         """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit)."""
-        if time_limit is not None:
-            soft = time.monotonic() + time_limit
-            running = self._running[gevent.getcurrent()] = _Running(name, soft, soft + self.hard_grace)
-            if self._armed_until is None or running.hard < self._armed_until:
-                self._arm(time.monotonic())
+        now = time.monotonic()
+        soft = math.inf if time_limit is None else now + time_limit
+        hard = None if time_limit is None else soft + self.hard_grace
+        self._running[gevent.getcurrent()] = _Running(name, soft, hard, self._kill_at)
+        if hard is not None and (self._armed_until is None or hard < self._armed_until):
+            self._arm(now)
 
     def leave(self) -> None:
         """Record that the current greenlet's task ended."""
@@ -140,7 +193,8 @@ class Watchdog:
         """
         if self._pid != os.getpid():
             return
-        earliest = min((running.hard for running in self._running.values()), default=None)
+        hards = [running.hard for running in self._running.values() if running.hard is not None]
+        earliest = min([*hards, self._stop_hard] if self._stop_hard is not None else hards, default=None)
         if earliest is None:
             if self._armed_until is not None:
                 faulthandler.cancel_dump_traceback_later()
@@ -150,9 +204,19 @@ class Watchdog:
             self._armed_until = earliest
 
     def _on_soft_signal(self, signum: int, frame: Any) -> None:
+        self.kill_if_due()
         running = self._running.get(gevent.getcurrent())
         if running is not None and time.monotonic() >= running.soft:
             raise SoftTimeLimit(f"task {running.name!r} ran past its time limit without yielding")
+
+    def kill_if_due(self) -> None:
+        """From a signal handler: raise :class:`TaskKilled` if the current greenlet runs a task and
+        the kill time of :meth:`kill_tasks_at` has come (once per task)."""
+        running = self._running.get(gevent.getcurrent())
+        if running is not None and time.monotonic() >= self._kill_at:
+            del self._running[gevent.getcurrent()]
+            self.killed += 1
+            raise TaskKilled(f"task {running.name!r} killed: the worker is stopping and the task blocked it")
 
     # -- the native thread ---------------------------------------------------
 
@@ -165,10 +229,14 @@ class Watchdog:
             self._check(now)
 
     def _check(self, now: float) -> None:
+        if now >= self._kill_at + KILL_GRACE:
+            os.write(2, b"zqsync worker: the hub is still blocked after its tasks were killed at stop: exiting\n")
+            os._exit(KILLED_EXIT)
         for running in list(self._running.values()):
             if now >= running.next_signal:
                 running.next_signal = now + RESIGNAL
                 os.kill(os.getpid(), SOFT_SIGNAL)
 
 
-__all__ = ["HARD_LIMIT_EXIT", "SOFT_SIGNAL", "SoftTimeLimit", "Watchdog"]
+__all__ = ["HARD_LIMIT_EXIT", "KILLED_EXIT", "SOFT_SIGNAL", "SoftTimeLimit", "TaskKilled", "Watchdog",
+           "original_signal"]
