@@ -6,6 +6,7 @@ The layers are drawn in docs/design.md ("Package layout").
 
 from .client.client import Client, call, close_all, default_client, enqueue
 from .client.congestion import CongestionControl
+from .client.jobs import JobStatus
 from .client.pool import SocketPool
 from .errors import (
     CallTimeout,
@@ -13,6 +14,7 @@ from .errors import (
     ConfigurationError,
     Congested,
     DuplicateJob,
+    JobCancelled,
     JournalUnavailable,
     NoJournal,
     PoolError,
@@ -41,6 +43,8 @@ __all__ = [
     "Curve",
     "NoJournal",
     "DuplicateJob",
+    "JobCancelled",
+    "JobStatus",
     "JournalUnavailable",
     "PoolError",
     "ProtocolError",

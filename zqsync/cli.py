@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker(commands, common)
     _add_jobs(commands, common)
     _add_client_commands(commands, common, curve_client)
+    _add_job(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
     _add_keygen(commands, common)
     _add_demo(commands, common)
@@ -166,19 +167,23 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
-    """``zqsync jobs``: list, requeue or purge journaled jobs."""
+    """``zqsync jobs``: list, requeue, purge or cancel journaled jobs."""
     jobs = commands.add_parser(
-        "jobs", parents=[common], help="list, requeue or purge the confirmed jobs in a worker's journal",
+        "jobs", parents=[common], help="list, requeue, purge or cancel the confirmed jobs in a worker's journal",
         description="list (default): show the confirmed jobs a worker's journal holds, with their arguments: "
         "pending (to run), dead (attempts exhausted: the dead-letter table), done. requeue ID... | --all-dead: "
         "make jobs pending again with their attempts reset; a live worker that has the task runs them (within "
         "a second), or the next one to start. purge --state dead --older-than 7d: delete old done/dead rows. "
-        "Safe while the worker runs.",
+        "cancel ID...: a pending or delayed job never runs; with --endpoint (the worker's, over rpc) a running "
+        "one is also interrupted where it yields. Safe while the worker runs.",
     )
-    jobs.add_argument("action", nargs="?", choices=["list", "requeue", "purge"], default="list")
-    jobs.add_argument("ids", nargs="*", metavar="ID", help="job ids to requeue")
-    jobs.add_argument("--state-dir", required=True, metavar="DIR", help="the worker's --state-dir")
-    jobs.add_argument("--state", action="append", choices=["pending", "dead", "done"],
+    jobs.add_argument("action", nargs="?", choices=["list", "requeue", "purge", "cancel"], default="list")
+    jobs.add_argument("ids", nargs="*", metavar="ID", help="job ids to requeue or cancel")
+    jobs.add_argument("--state-dir", metavar="DIR", help="the worker's --state-dir (needed except for cancel "
+                      "with --endpoint)")
+    jobs.add_argument("--endpoint", action="append", dest="endpoints", metavar="ENDPOINT",
+                      help="cancel: a worker base endpoint (tcp://HOST:PORT) to ask over rpc; repeat for several")
+    jobs.add_argument("--state", action="append", choices=["pending", "dead", "done", "cancelled"],
                       help="states to list or purge; repeat for several (default: list pending and dead)")
     jobs.add_argument("--id", action="append", dest="job_ids", metavar="ID", help="list only this job (any state)")
     jobs.add_argument("--limit", type=_positive_int, default=100, help="most jobs to list (default: 100)")
@@ -204,6 +209,25 @@ def _add_client_commands(commands: Any, common: argparse.ArgumentParser, curve_c
             sub.add_argument("--confirm", action="store_true",
                              help="wait until the worker has journaled the job (it then runs at least once); an "
                              "unknown task or a worker without --state-dir fails with a non-zero exit")
+            sub.add_argument("--delay", type=_seconds, metavar="SECONDS",
+                             help="run the job no earlier than SECONDS from now (journaled: implies --confirm)")
+            sub.add_argument("--store-result", action="store_true",
+                             help="ask the worker to keep a plain job's status and result ('zqsync job')")
+
+
+def _add_job(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync job``: the status or result of one job id."""
+    job = commands.add_parser(
+        "job", parents=[common, curve_client], help="show a job's status, or wait for its result",
+        description="Ask the workers (the job id's preferred one first) for a job's status: pending, scheduled, "
+        "running, done, failed, dead, cancelled, or unknown (no worker that answered holds it). With --wait, "
+        "wait up to SECONDS for it to finish and print its result as JSON; a failed job exits 1 with its error.",
+        epilog=EPILOG,
+    )
+    job.add_argument("endpoints", metavar="ENDPOINT", nargs="+", help="worker base endpoint(s)")
+    job.add_argument("job_id", metavar="ID", help="the job id")
+    job.add_argument("--wait", type=_seconds, metavar="SECONDS", help="wait for the result (long-poll)")
+    job.set_defaults(handler=cmd_job)
 
 
 def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
@@ -378,9 +402,14 @@ def _run_supervisor(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    """``zqsync jobs``: list, requeue or purge a journal's jobs; returns the exit status."""
+    """``zqsync jobs``: list, requeue, purge or cancel a journal's jobs; returns the exit status."""
     from .worker.journal import Journal, journal_path
 
+    if args.action == "cancel" and args.endpoints:
+        return _cancel_remote(args)
+    if args.state_dir is None:
+        raise SystemExit(f"zqsync jobs {args.action}: needs --state-dir DIR"
+                         + (" or --endpoint ENDPOINT" if args.action == "cancel" else ""))
     if not os.path.exists(journal_path(args.state_dir)):
         raise SystemExit(f"zqsync jobs: no journal in {args.state_dir!r} (is it the worker's --state-dir?)")
     journal = Journal(args.state_dir)
@@ -389,6 +418,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             return _requeue(journal, args)
         if args.action == "purge":
             return _purge(journal, args)
+        if args.action == "cancel":
+            return _cancel_local(journal, args)
         rows = journal.rows(args.state or ("pending", "dead"), ids=args.job_ids or (), limit=args.limit)
         counts = journal.counts()
     finally:
@@ -426,10 +457,39 @@ def _requeue(journal: Any, args: argparse.Namespace) -> int:
     return 0 if args.all_dead or changed == len(set(args.ids)) else 1
 
 
+def _cancel_ids(args: argparse.Namespace) -> list[str]:
+    if not args.ids:
+        raise SystemExit("zqsync jobs cancel: give the ids of the jobs to cancel")
+    return list(args.ids)
+
+
+def _cancel_local(journal: Any, args: argparse.Namespace) -> int:
+    """Cancel pending or delayed jobs in the journal file (a running one needs --endpoint)."""
+    missed = [job_id for job_id in _cancel_ids(args) if not journal.cancel(job_id)]
+    for job_id in missed:
+        print(f"{job_id}: not cancelled (not pending: unknown, finished, or running: use --endpoint to "
+              f"interrupt a running job)")
+    print(f"cancelled {len(args.ids) - len(missed)} job(s)")
+    return 1 if missed else 0
+
+
+def _cancel_remote(args: argparse.Namespace) -> int:
+    """Cancel jobs over rpc (``Client.cancel``): pending, delayed, or running."""
+    from .client.client import Client
+
+    missed = 0
+    with Client(args.endpoints) as client:
+        for job_id in _cancel_ids(args):
+            status = client.cancel(job_id)
+            missed += status.state != "cancelled"
+            print(f"{job_id}: {status.state}" + (f" (on {status.worker})" if status.worker else ""))
+    return 1 if missed else 0
+
+
 def _purge(journal: Any, args: argparse.Namespace) -> int:
     states = args.state or []
     if not states or "pending" in states or args.older_than is None:
-        raise SystemExit("zqsync jobs purge: needs --state dead and/or --state done, and --older-than AGE "
+        raise SystemExit("zqsync jobs purge: needs --state dead, done and/or cancelled, and --older-than AGE "
                          "(pending jobs are never purged)")
     print(f"purged {journal.purge(states, args.older_than)} job(s)")
     return 0
@@ -457,9 +517,26 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     """``zqsync enqueue``: print the job id. :raises ZqsyncError: not sent, or (``--confirm``) refused."""
     with _client(args) as client:
         job_id = client.enqueue_with_options(args.task, args=args.args, kwargs=args.kwargs, send_timeout=args.timeout,
-                                             confirm=args.confirm)
+                                             confirm=args.confirm, delay=args.delay, store_result=args.store_result)
     print(job_id)
     return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """``zqsync job``: print a job's status as JSON, or (``--wait``) its result.
+
+    :raises ZqsyncError: no answer in time; with ``--wait``, the job's error (exit status 1).
+    """
+    args.endpoint = args.endpoints
+    with _client(args) as client:
+        if args.wait is not None:
+            print(json.dumps(client.result(args.job_id, timeout=args.wait), default=repr))
+            return 0
+        status = client.job(args.job_id)
+    fields = dataclasses.asdict(status)
+    fields["error"] = None if status.error is None else f"{status.error.remote_type}: {status.error.remote_message}"
+    print(json.dumps(fields, default=repr))
+    return 0 if status.state != "unknown" else 1
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -208,7 +208,7 @@ REMOTE_ERRORS["ProtocolError"] = RequestRejected
 def remote_error(type_name: str, message: str, traceback: str = "", *, request_id: str = "") -> RemoteError:
     """The client-side exception for an error reply naming ``type_name`` to request (or job) ``request_id``."""
     cls = REMOTE_ERRORS.get(type_name, RemoteError)
-    if cls in (JournalUnavailable, DuplicateJob):
+    if cls in (JournalUnavailable, DuplicateJob, JobCancelled):
         return cls(type_name, message, traceback, job_id=request_id)
     return cls(type_name, message, traceback)
 
@@ -219,3 +219,18 @@ UNREACHABLE_CAUSES = (
     "(see its log), the host name does not resolve (names resolve to IPv4; give IPv6 as [addr]), "
     "or the address or port is wrong"
 )
+
+
+class JobCancelled(RemoteError):
+    """``Client.result`` of a job that was cancelled (``Client.cancel``, ``zqsync jobs cancel``): it never
+    ran, or was interrupted where it yielded.
+
+    :ivar job_id: the job's id.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "", *, job_id: str = "") -> None:
+        super().__init__(remote_type, remote_message, remote_traceback)
+        self.job_id = job_id
+
+
+REMOTE_ERRORS[JobCancelled.__name__] = JobCancelled

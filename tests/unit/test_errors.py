@@ -30,6 +30,7 @@ SAMPLES = [
     errors.RequestRejected("ProtocolError", "malformed request", ""),
     errors.JournalUnavailable("JournalUnavailable", "disk full", "", job_id="ab" * 16),
     errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
+    errors.JobCancelled("JobCancelled", "cancelled while it ran", "", job_id="ef" * 16),
 ]
 
 
@@ -65,6 +66,7 @@ def test_call_timeout_keeps_task_and_timeout_across_pickle():
     ("WorkerStopping", errors.WorkerStopping),
     ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
     ("JournalUnavailable", errors.JournalUnavailable), ("DuplicateJob", errors.DuplicateJob),
+    ("JobCancelled", errors.JobCancelled),
 ])
 def test_a_worker_error_name_maps_to_its_client_class(name, cls):
     error = errors.remote_error(name, "message", "tb", request_id="job-1")

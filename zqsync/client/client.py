@@ -8,6 +8,7 @@ through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
 
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 import time
@@ -24,8 +25,14 @@ from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
 from . import transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
+from .jobs import JobStatus
 from .pool import SocketPool
-from .rendezvous import FAILOVER_ATTEMPTS, Down, Route
+from .rendezvous import FAILOVER_ATTEMPTS, Down, Route, rank
+
+#: Longest single ``zqsync.result`` long-poll, seconds (the worker's bound); longer waits call again.
+LONG_POLL = 30.0
+#: Seconds between look-ups of an id that no worker knows yet (a plain job may not have arrived).
+UNKNOWN_RETRY = 1.0
 
 
 class Client:
@@ -112,6 +119,9 @@ class Client:
         congestion: Union[CongestionControl, str, None] = None,
         send_timeout: Optional[float] = None,
         job_id: Optional[str] = None,
+        delay: Optional[float] = None,
+        eta: Optional[datetime.datetime] = None,
+        store_result: bool = False,
     ) -> str:
         """Send a job with per-call options; see :meth:`enqueue`.
 
@@ -130,6 +140,14 @@ class Client:
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
         :param job_id: an id of your own (a non-empty str of at most 64 characters) instead of a new one.
+        :param delay: run the job no earlier than ``delay`` seconds from now (float >= 0). Implies
+            ``confirm=True``: the worker journals it (its state is ``scheduled``) and starts it at or after its
+            due time, in due-time order, even across a restart. Needs a worker with ``--state-dir``.
+        :param eta: as ``delay``, but an aware :class:`datetime.datetime` (any time zone) to run at or after.
+            The due time travels as epoch seconds: keep client and worker clocks in sync (NTP).
+        :param store_result: for a plain job, ask the worker to keep its status and result in memory
+            (bounded, ``--keep-done`` seconds) for :meth:`job` and :meth:`result`, as a task registered with
+            ``store_result=True`` does. Confirmed jobs keep theirs in the journal anyway.
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
@@ -141,12 +159,19 @@ class Client:
             (``zqsync/wire/envelope.py``: 16 MiB frame, nesting, key types, ``job_id``);
             nothing is sent.
         :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
-            (or 0 with ``confirm=True``).
+            (or 0 with ``confirm=True``); ``delay`` not a number of seconds >= 0, ``eta`` not an aware
+            datetime, or both given.
+        :raises NoJournal: ``delay``/``eta`` (or ``confirm``) and the worker keeps no journal.
         """
         self._check_open()
         job_id = os.urandom(16).hex() if job_id is None else job_id
+        options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
+        due = _due(delay, eta)
+        if due is not None:
+            confirm, options = True, {"due": due}
         kind = "confirm" if confirm else "job"
-        frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}))
+        frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
+                                        options=options)
         if send_timeout is not None:
             send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:
@@ -220,13 +245,10 @@ class Client:
         :raises ConfigurationError: ``timeout`` is not a finite number above 0.
         """
         self._check_open()
-        timeout = self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
-        request_id = os.urandom(16).hex()
-        name = _task_name(task)
-        frame = envelope.encode_request("call", request_id, name, tuple(args), dict(kwargs or {}))
+        timeout = self._timeout(timeout)
         self._counts["calls"] += 1
         try:
-            reply = self._request(frame, request_id, name, timeout)
+            reply = self._call_at(_task_name(task), tuple(args), dict(kwargs or {}), timeout)
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
@@ -234,6 +256,99 @@ class Client:
             return reply.result
         self._counts["call_errors"] += 1
         raise _remote_error(reply)
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+
+    def _call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
+                 address: Optional[str] = None) -> envelope.Reply:
+        request_id = os.urandom(16).hex()
+        frame = envelope.encode_request("call", request_id, name, args, kwargs)
+        return self._request(frame, request_id, name, timeout, address=address)
+
+    # -- job handles ---------------------------------------------------------
+
+    def job(self, job_id: str, *, timeout: Optional[float] = None) -> JobStatus:
+        """The status of job ``job_id`` (``zqsync.job`` admin call).
+
+        Asks the job id's preferred worker first (the rendezvous hashing of confirmed delivery), then the
+        others in rank, until one holds it; each for up to ``timeout`` seconds (default ``call_timeout``).
+
+        :returns: a :class:`JobStatus`; ``state`` is ``unknown`` when no reachable worker holds the id
+            (``zqsync/client/jobs.py`` says what that can mean; ``unanswered`` lists the silent workers).
+        :raises ConfigurationError: a bad ``timeout``.
+        :raises RemoteError: a worker refused the request (``RequestRejected`` for a malformed id).
+        """
+        self._check_open()
+        return self._find(job_id, self._timeout(timeout))
+
+    def result(self, job_id: str, *, timeout: Optional[float] = None) -> Any:
+        """Wait until job ``job_id`` finishes, then return its result or raise its error.
+
+        Blocks the calling greenlet (cooperatively under gevent) or thread. It finds the worker holding the
+        job (:meth:`job`), then long-polls it (``zqsync.result``: the worker answers as soon as the job
+        finishes, or after at most 30 s, and the client asks again). An id no worker knows yet is
+        long-polled on its preferred worker a second at a time, then looked up again: a plain job may still
+        be on its way.
+
+        :param timeout: seconds to wait in all (default ``call_timeout``).
+        :returns: the task's return value (as msgpack decodes it). Only confirmed jobs and plain jobs
+            stored on request (``store_result``) have one to wait for.
+        :raises RemoteError: the job failed or is dead: its task's error (type name and message);
+            :class:`~zqsync.errors.JobCancelled` if it was cancelled.
+        :raises CallTimeout: it did not finish within ``timeout`` (or its worker stopped answering).
+        """
+        self._check_open()
+        total = self._timeout(timeout)
+        deadline = time.monotonic() + total
+        status = self._find(job_id, total)
+        while not status.finished:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimeout("zqsync.result", total, status.worker or list(self.endpoints))
+            known = status.worker is not None
+            wait = min(remaining, LONG_POLL if known else UNKNOWN_RETRY)
+            rpc = self._rpc_of(status.worker) if status.worker else rank(job_id, self._rpc_endpoints)[0]
+            status = self._admin("zqsync.result", (job_id, wait), rpc, wait + min(self.settings.call_timeout, 5.0))
+            if status.state == "unknown" and deadline > time.monotonic():
+                status = self._find(job_id, deadline - time.monotonic())
+        return status.value()
+
+    def cancel(self, job_id: str, *, timeout: Optional[float] = None) -> JobStatus:
+        """Cancel job ``job_id`` (``zqsync.cancel``): a pending or scheduled job is marked ``cancelled``
+        and never starts; a running one is interrupted where it next yields (``gevent.kill``) and recorded
+        ``cancelled``. A finished job is left as it is.
+
+        Asks the preferred worker first, then the others, each for up to ``timeout`` seconds.
+
+        :returns: the job's :class:`JobStatus` after the attempt: ``state == "cancelled"`` if it is
+            cancelled; ``unknown`` if no reachable worker holds it (a plain job is cancellable only while
+            its status is kept, ``store_result``, or while it runs).
+        """
+        self._check_open()
+        return self._find(job_id, self._timeout(timeout), admin="zqsync.cancel")
+
+    def _find(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> JobStatus:
+        unanswered: list[str] = []
+        for rpc in rank(job_id, self._rpc_endpoints):
+            try:
+                status = self._admin(admin, (job_id,), rpc, timeout)
+            except (CallTimeout, PoolError):
+                unanswered.append(self.endpoints[self._rpc_endpoints.index(rpc)])
+                continue
+            if status.state != "unknown":
+                return status
+        return JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
+
+    def _admin(self, name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
+        """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`."""
+        reply = self._call_at(name, args, {}, timeout, address=rpc)
+        if not reply.ok:
+            raise _remote_error(reply)
+        return JobStatus.from_reply(reply.result, self.endpoints[self._rpc_endpoints.index(rpc)])
+
+    def _rpc_of(self, endpoint: str) -> str:
+        return self._rpc_endpoints[self.endpoints.index(endpoint)]
 
     def _request(
         self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
@@ -302,6 +417,19 @@ class Client:
 def _remote_error(reply: envelope.Reply) -> RemoteError:
     error = reply.error or {}
     return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply.id)
+
+
+def _due(delay: Optional[float], eta: Optional[datetime.datetime]) -> Optional[float]:
+    """The due time of a delayed job, epoch seconds, or ``None`` for a job to run now."""
+    if delay is not None and eta is not None:
+        raise ConfigurationError("give delay or eta, not both", setting="eta")
+    if delay is not None:
+        return time.time() + check_seconds("delay", delay)
+    if eta is None:
+        return None
+    if not isinstance(eta, datetime.datetime) or eta.utcoffset() is None:
+        raise ConfigurationError(f"eta must be an aware datetime (with a tzinfo), got {eta!r}", setting="eta")
+    return eta.timestamp()
 
 
 def _task_name(task: str) -> str:

@@ -3,7 +3,12 @@
 Request (client to worker; PUSH frame, or DEALER frame that a ROUTER
 receives as ``[identity, body]``)::
 
-    {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map}
+    {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map,
+     "opts": {"due": float, "store": bool}}
+
+``opts`` is optional and sent only when set: ``due`` (epoch seconds, UTC) is
+when a confirmed job may run at the earliest (a delayed job); ``store`` asks
+the worker to keep a plain job's status and result for ``zqsync.job``.
 
 ``confirm`` is a job sent over the rpc socket: the reply acknowledges that it
 is durable in the worker's journal.
@@ -63,6 +68,11 @@ class Request(NamedTuple):
     task: str
     args: list[Any]
     kwargs: dict[str, Any]
+    options: dict[str, Any] = {}
+
+
+#: Request options and their types (``opts`` on the wire).
+OPTIONS: dict[str, tuple[type, ...]] = {"due": (int, float), "store": (bool,)}
 
 
 class Reply(NamedTuple):
@@ -125,7 +135,8 @@ def _check_text(field: str, value: Any, limit: int) -> str:
 
 
 def encode_request(
-    kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None, *, max_size: int = MAX_MESSAGE_SIZE
+    kind: str, request_id: str, task: str, args: Any = (), kwargs: Any = None, *, max_size: int = MAX_MESSAGE_SIZE,
+    options: Any = None,
 ) -> bytes:
     """Encode a request frame.
 
@@ -136,6 +147,7 @@ def encode_request(
     :param args: positional arguments (tuple or list).
     :param kwargs: keyword arguments (dict with str keys) or ``None``.
     :param max_size: the largest frame, bytes, a worker accepts.
+    :param options: request options (``{"due": epoch seconds, "store": bool}``), or ``None``.
     :raises ProtocolError: the request breaks a limit of the module docstring
         (the message names the limit and the value), or an argument cannot be
         serialised. Nothing is sent then.
@@ -144,7 +156,10 @@ def encode_request(
     _check_text("task", task, MAX_TASK_NAME)
     args, kwargs = list(args), kwargs or {}
     _check_arguments(args, kwargs)
-    frame = _pack({"v": VERSION, "id": request_id, "kind": kind, "task": task, "args": args, "kwargs": kwargs})
+    message = {"v": VERSION, "id": request_id, "kind": kind, "task": task, "args": args, "kwargs": kwargs}
+    if options:
+        message["opts"] = _check_options(options)
+    frame = _pack(message)
     if len(frame) > max_size:
         raise ProtocolError(
             f"the request for task {task!r} encodes to {len(frame)} bytes, over the limit of {max_size} bytes "
@@ -169,7 +184,18 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
     if not isinstance(args, list):
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
     _check_arguments(args, kwargs)
-    return Request(message["id"], kind, task, args, kwargs)
+    return Request(message["id"], kind, task, args, kwargs, _check_options(message.get("opts", {})))
+
+
+def _check_options(options: Any) -> dict[str, Any]:
+    if not isinstance(options, dict):
+        raise ProtocolError(f"field 'opts' must be a map, got {type(options).__name__}")
+    for key, value in options.items():
+        kinds = OPTIONS.get(key)
+        if kinds is None or not isinstance(value, kinds) or (kinds != (bool,) and isinstance(value, bool)):
+            raise ProtocolError(f"option {_short(key)} is unknown or has a bad value {_short(value)} "
+                                f"(known: due: epoch seconds, store: bool)")
+    return dict(options)
 
 
 def _check_arguments(args: list[Any], kwargs: Any) -> None:

@@ -26,8 +26,12 @@ process. It is replayed after its backoff, alone; one that died running
 alone with ``attempts > retries`` is dead-lettered with the reason
 :data:`DIED`.
 
-States: ``pending`` (to run, possibly after ``next_at``), ``done``, ``dead``
-(retries exhausted: the dead-letter table is this state).
+States: ``pending`` (to run, possibly after ``next_at``: a delayed job is
+journaled already marked for replay, with ``next_at`` its due time), ``done``
+(with its msgpack ``result`` reply), ``dead`` (retries exhausted, or failed
+with none: the dead-letter table is this state), ``cancelled``. A cancelled row
+is never started and never overwritten by the outcome of an attempt that
+was already running elsewhere.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ COLUMNS = {
     "running": "INTEGER NOT NULL DEFAULT 0",
     "replay": "INTEGER NOT NULL DEFAULT 0",
     "retries": "INTEGER NOT NULL DEFAULT 0",
+    "result": "BLOB",
+    "started_at": "REAL",
+    "finished_at": "REAL",
 }
 INDEXES = """
 CREATE INDEX IF NOT EXISTS jobs_by_state_owner_token ON jobs (state, owner);
@@ -72,13 +79,15 @@ CREATE INDEX IF NOT EXISTS jobs_to_replay ON jobs (owner, replay, next_at) WHERE
 CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_at);
 """
 FIELDS = ("id", "task", "body", "state", "attempts", "next_at", "owner", "error", "created_at", "updated_at",
-          "running", "retries")
+          "running", "retries", "result", "started_at", "finished_at")
 SELECT = f"SELECT {', '.join(FIELDS)} FROM jobs"
 
 FILENAME = "journal.sqlite3"
 OWNERS = "owners"
 #: The dead-letter reason of a job whose process died while it ran alone, retries exhausted.
 DIED = "worker died while running it"
+#: The error of a job cancelled before an attempt started.
+CANCELLED = "JobCancelled: the job was cancelled before it ran"
 #: ``running`` values.
 SHARED, ALONE = 1, 2
 
@@ -98,6 +107,19 @@ class Row(NamedTuple):
     updated_at: float
     running: int
     retries: int
+    result: Optional[bytes] = None
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+
+
+class NewJob(NamedTuple):
+    """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job."""
+
+    id: str
+    task: str
+    body: bytes
+    retries: int
+    due: float = 0.0
 
 
 class Outcome(NamedTuple):
@@ -108,6 +130,7 @@ class Outcome(NamedTuple):
     attempts: int
     next_at: float
     error: Optional[str]
+    result: Optional[bytes] = None
 
 
 class Start(NamedTuple):
@@ -290,12 +313,12 @@ class Journal:
 
     def write(
         self,
-        jobs: Iterable[tuple[str, str, bytes, int]] = (),
+        jobs: Iterable[tuple[Any, ...]] = (),
         outcomes: Iterable[Outcome] = (),
         starts: Iterable[Start] = (),
     ) -> list[Optional[str]]:
         """In one transaction (group commit): count attempts about to start, store attempt outcomes, and
-        journal new ``(id, task, body, retries)`` jobs, owned by this connection's token.
+        journal new jobs (:class:`NewJob` fields), owned by this connection's token.
 
         Before committing new jobs it checks the file is still the one opened.
 
@@ -303,30 +326,39 @@ class Journal:
         :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
         :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
         """
-        now = time.time()
-        jobs = list(jobs)
+        return self.write_all(jobs, outcomes, starts)[0]
 
-        def apply(db: sqlite3.Connection) -> list[Optional[str]]:
+    def write_all(
+        self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
+    ) -> tuple[list[Optional[str]], set[str]]:
+        """:meth:`write`, also returning the ids of ``starts`` refused because their row is no longer
+        pending (cancelled meanwhile): those attempts must not run."""
+        now = time.time()
+        new = [NewJob(*job) for job in jobs]
+
+        def apply(db: sqlite3.Connection) -> tuple[list[Optional[str]], set[str]]:
+            refused = {start.id for start in starts if not db.execute(
+                "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?, started_at = ?"
+                " WHERE id = ? AND state = 'pending'", (start.running, start.retry_at, now, now, start.id)).rowcount}
             db.executemany(
-                "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?"
-                " WHERE id = ? AND state = 'pending'", [(s.running, s.retry_at, now, s.id) for s in starts])
-            db.executemany(
-                "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, running = 0, updated_at = ?"
-                " WHERE id = ?", [(o.state, o.attempts, o.next_at, o.error, now, o.id) for o in outcomes])
-            fresh = [self._insert(db, job, now) for job in jobs]
-            if jobs:
+                "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, result = ?, running = 0,"
+                " updated_at = ?, finished_at = CASE WHEN ? = 'pending' THEN NULL ELSE ? END"
+                " WHERE id = ? AND state != 'cancelled'",
+                [(o.state, o.attempts, o.next_at, o.error, o.result, now, o.state, now, o.id) for o in outcomes])
+            fresh = [self._insert(db, job, now) for job in new]
+            if new:
                 self.check_file()
-            return fresh
+            return fresh, refused
 
         return self._transaction(apply)
 
-    def _insert(self, db: sqlite3.Connection, job: tuple[str, str, bytes, int], now: float) -> Optional[str]:
-        job_id, task, body, retries = job
+    def _insert(self, db: sqlite3.Connection, job: NewJob, now: float) -> Optional[str]:
         inserted = db.execute(
-            "INSERT OR IGNORE INTO jobs (id, task, body, state, owner, owner_pid, retries, created_at, updated_at)"
-            " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
-            (job_id, task, body, self.token, os.getpid(), retries, now, now),
+            "INSERT OR IGNORE INTO jobs (id, task, body, state, owner, owner_pid, retries, created_at, updated_at,"
+            " next_at, replay) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
+            (job.id, job.task, job.body, self.token, os.getpid(), job.retries, now, now, job.due, int(job.due > 0)),
         ).rowcount
+        job_id = job.id
         if inserted == 1:
             return None
         return str(db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()[0])
@@ -380,14 +412,32 @@ class Journal:
     # -- operators -----------------------------------------------------------
 
     def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
-             limit: int = 1000) -> list[Row]:
-        """Jobs in ``states`` (or with one of ``ids``, any state), oldest first, at most ``limit``."""
+             limit: int = 1000, offset: int = 0) -> list[Row]:
+        """Jobs in ``states`` (or with one of ``ids``, any state), oldest first, at most ``limit``
+        after skipping ``offset``."""
         wanted = list(ids) or list(states)
         marks = ",".join("?" for _ in wanted)
         column = "id" if ids else "state"
         with self._lock:
             return [Row(*row) for row in self._db.execute(
-                f"{SELECT} WHERE {column} IN ({marks}) ORDER BY created_at LIMIT ?", (*wanted, limit))]
+                f"{SELECT} WHERE {column} IN ({marks}) ORDER BY created_at, id LIMIT ? OFFSET ?",
+                (*wanted, limit, offset))]
+
+    def cancel(self, job_id: str) -> bool:
+        """Mark a pending (or delayed, or waiting for a retry) job ``cancelled``, so that it never starts
+        again; returns whether it did. A job running in a live process is left alone (only that process
+        can interrupt it): this returns ``False`` for it."""
+        now = time.time()
+
+        def cancel(db: sqlite3.Connection) -> bool:
+            row = db.execute("SELECT running, owner FROM jobs WHERE id = ? AND state = 'pending'", (job_id,)).fetchone()
+            if row is None or (row[0] and self.owner_alive(row[1])):
+                return False
+            db.execute("UPDATE jobs SET state = 'cancelled', running = 0, replay = 0, updated_at = ?,"
+                       " finished_at = ?, error = ? WHERE id = ?", (now, now, CANCELLED, job_id))
+            return True
+
+        return bool(self._transaction(cancel))
 
     def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
         """Every job in ``states``, oldest first, read ``batch`` rows at a time."""
@@ -414,14 +464,14 @@ class Journal:
         the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
         now = time.time()
         reset = ("UPDATE jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
-                 " owner = NULL, replay = 0, updated_at = ?")
+                 " owner = NULL, replay = 0, result = NULL, started_at = NULL, finished_at = NULL, updated_at = ?")
         if all_dead:
             return self._transaction(lambda db: db.execute(f"{reset} WHERE state = 'dead'", (now,)).rowcount)
         return self._transaction(lambda db: sum(
             db.execute(f"{reset} WHERE id = ? AND state != 'pending'", (now, job_id)).rowcount for job_id in ids))
 
     def purge(self, states: Iterable[str], older_than: float) -> int:
-        """Delete rows in ``states`` (``done``/``dead``) last updated more than ``older_than`` seconds ago;
+        """Delete rows in ``states`` (``done``/``dead``/``cancelled``) last updated more than ``older_than`` seconds ago;
         returns how many."""
         cutoff = time.time() - older_than
         wanted = [state for state in states if state != "pending"]

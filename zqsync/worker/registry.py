@@ -21,6 +21,8 @@ class Task(NamedTuple):
         (``gevent.Timeout``), or ``None`` for no limit.
     :ivar retries: further attempts after a failure (0: none).
     :ivar backoff: seconds before the first retry; doubled for each later one.
+    :ivar store_result: keep the status and result of its plain jobs in the worker's memory
+        (``client.job``/``client.result``); confirmed jobs keep theirs in the journal anyway.
     """
 
     name: str
@@ -28,6 +30,7 @@ class Task(NamedTuple):
     time_limit: Optional[float] = None
     retries: int = 0
     backoff: float = 1.0
+    store_result: bool = False
 
     def retry_delay(self, attempts: int) -> Optional[float]:
         """Seconds to wait before attempt ``attempts + 1``, or ``None`` when retries are exhausted.
@@ -64,7 +67,8 @@ class Registry:
 
     @overload
     def task(
-        self, *, name: Optional[str] = None, time_limit: Optional[float] = None, retries: int = 0, backoff: float = 1.0
+        self, *, name: Optional[str] = None, time_limit: Optional[float] = None, retries: int = 0, backoff: float = 1.0,
+        store_result: bool = False,
     ) -> Callable[[F], F]: ...
 
     def task(
@@ -75,6 +79,7 @@ class Registry:
         time_limit: Optional[float] = None,
         retries: int = 0,
         backoff: float = 1.0,
+        store_result: bool = False,
     ) -> Any:
         """Register ``fn`` as a task; usable bare (``@registry.task``) or with options.
 
@@ -84,13 +89,16 @@ class Registry:
             confirmed job that exhausts them is kept as ``dead`` in the
             journal (the dead-letter table); calls are never retried.
         :param backoff: seconds before the first retry, doubled for each later one.
+        :param store_result: keep the status and result of its plain (not confirmed) jobs in the
+            worker's memory, bounded, for ``keep_done`` seconds (``client.job``, ``client.result``).
         :returns: ``fn`` itself, unchanged, so it stays callable locally.
         :raises ConfigurationError: the name is taken, reserved, or too long,
             ``time_limit`` is not a positive number, or retries/backoff are negative.
         """
 
         def register(function: F) -> F:
-            self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff)
+            self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff,
+                     store_result=store_result)
             return function
 
         return register(fn) if fn is not None else register
@@ -103,6 +111,7 @@ class Registry:
         time_limit: Optional[float] = None,
         retries: int = 0,
         backoff: float = 1.0,
+        store_result: bool = False,
     ) -> Task:
         """Register ``fn`` without decorator syntax; see :meth:`task`."""
         if not callable(fn):
@@ -124,7 +133,8 @@ class Registry:
             raise ConfigurationError(f"retries must be an integer >= 0, got {retries!r}", setting="retries")
         if not (isinstance(backoff, (int, float)) and backoff >= 0):
             raise ConfigurationError(f"backoff must be a number of seconds >= 0, got {backoff!r}", setting="backoff")
-        task = Task(task_name, fn, None if time_limit is None else float(time_limit), retries, float(backoff))
+        task = Task(task_name, fn, None if time_limit is None else float(time_limit), retries, float(backoff),
+                    bool(store_result))
         self._tasks[task_name] = task
         return task
 

@@ -147,7 +147,8 @@ class Runner:
         if self.confirm is None:
             return envelope.encode_error(
                 request.id, NoJournal.__name__,
-                "this worker keeps no journal, so it cannot confirm jobs: start it with --state-dir DIR",
+                "this worker keeps no journal, so it cannot confirm jobs nor run delayed ones: start it with "
+                "--state-dir DIR",
             )
         self.counters["confirmed_received"] += 1
         return self.confirm(request, task)

@@ -19,6 +19,14 @@
   bounded backlog as new jobs: memory stays flat however many are pending.
   A job that was running when its process died runs alone (no other task
   in this process meanwhile), after its backoff and after the other due jobs.
+* A delayed job (``opts.due``) is journaled already marked for replay, with
+  its due time as ``next_at``: the replay loop starts it, in due-time order,
+  at or after that time, in this process or, after a restart, in the one
+  that claims it.
+* Each attempt tells the :class:`~zqsync.worker.status.JobBook` when it starts
+  and how it ends (status, results, long-polls, cancel). A cancelled journaled
+  job's start is refused by the journal; a cancelled running one ends in
+  :class:`~zqsync.worker.status.Cancelled`, recorded ``cancelled``.
 """
 
 from __future__ import annotations
@@ -36,9 +44,10 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
-from .journal import ALONE, DIED, SHARED, Journal, JournalGone, Outcome, Row, Start
+from .journal import ALONE, DIED, SHARED, Journal, JournalGone, NewJob, Outcome, Row, Start
 from .registry import Task
 from .runner import ErrorInfo, Runner
+from .status import Cancelled, JobBook
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +126,8 @@ class JobScheduler:
         self._gone: Optional[str] = None  # why the journal can never be written again
         self._broken: Optional[str] = None  # why the last write failed, until one succeeds
         self._foreign: set[str] = set()
-        for key in ("confirmed_refused", "journal_errors"):
+        self.book = JobBook(journal, keep_done)
+        for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
             runner.counters.setdefault(key, 0)
         if journal is not None:
             runner.confirm = self.accept
@@ -184,19 +194,24 @@ class JobScheduler:
         if self._gone or self._broken:  # fail fast until the write loop finds the journal writable
             return self._refuse(request, self._gone or self._broken or "")
         body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
+        due = float(request.options.get("due", 0.0))
+        due = due if due > time.time() else 0.0
         self._backlog.acquire()
         try:
-            existing = self._write("add", (request.id, request.task, body, task.retries))
+            existing = self._write("add", NewJob(request.id, request.task, body, task.retries, due))
         except Exception as exc:
             self._backlog.release()
             return self._refuse(request, f"{type(exc).__name__}: {exc}")
         except BaseException:
             self._backlog.release()
             raise
-        if existing is None:
+        if existing is None and not due:
             self._ready.put(Job(task, request, 0, True, admitted=True))
             return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False})
         self._backlog.release()
+        if existing is None:  # delayed: the replay loop starts it when due
+            log.info("journaled job %s (%s) to run at or after %.3f (epoch s)", request.id, request.task, due)
+            return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False, "due": due})
         self.runner.counters["confirmed_duplicates"] += 1
         if existing == "dead":
             return envelope.encode_error(
@@ -243,12 +258,23 @@ class JobScheduler:
 
     def _attempt(self, job: Job) -> None:
         attempts = job.attempts + 1
+        job_id = job.request.id
+        if not job.durable and self.book.take_cancel(job_id):
+            log.info("job %s (%s) was cancelled before this attempt: skipped", job_id, job.task.name)
+            return
         if job.durable and not self._count_start(job, attempts):
             return
-        ok, value = self.runner.run(job.task, job.request)
+        keep = not job.durable and (job.task.store_result or bool(job.request.options.get("store")))
+        self.book.started(job_id, job.task.name, attempts, keep=keep)
+        try:
+            ok, value = self.runner.run(job.task, job.request)
+        except Cancelled:
+            self._cancelled(job, attempts)
+            return
+        finally:
+            self.book.stopped(job_id)
         if ok:
-            self.runner.counters["jobs_succeeded"] += 1
-            self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, None))
+            self._succeeded(job, attempts, value)
             return
         delay = job.task.retry_delay(attempts)
         if delay is None:
@@ -256,16 +282,37 @@ class JobScheduler:
             return
         self.runner.counters["jobs_retried"] += 1
         log.warning("job %s (%s) failed, attempt %d; retrying in %.3f s: %s: %s",
-                    job.request.id, job.task.name, attempts, delay, value[0], value[1])
-        self._settle(job, Outcome(job.request.id, "pending", attempts, time.time() + delay, _describe(value)))
+                    job_id, job.task.name, attempts, delay, value[0], value[1])
+        self._settle(job, Outcome(job_id, "pending", attempts, time.time() + delay, _describe(value)),
+                     "scheduled", error=value)
         self._later(delay, job._replace(attempts=attempts))
 
+    def _succeeded(self, job: Job, attempts: int, value: Any) -> None:
+        self.runner.counters["jobs_succeeded"] += 1
+        stored, error = None, None
+        if job.durable:
+            try:
+                stored = envelope.encode_result(job.request.id, value)
+            except ProtocolError as exc:
+                error = f"TypeError: the result was not kept: task {job.task.name!r} returned a value that {exc}"
+        self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, error, stored), "done", result=value)
+
+    def _cancelled(self, job: Job, attempts: int) -> None:
+        self.runner.counters["jobs_cancelled"] += 1
+        log.warning("job %s (%s) was cancelled while running (attempt %d)", job.request.id, job.task.name, attempts)
+        error = ("JobCancelled", "the job was cancelled while it ran", "")
+        self._settle(job, Outcome(job.request.id, "cancelled", attempts, 0.0, _describe(error)), "cancelled",
+                     error=error)
+
     def _count_start(self, job: Job, attempts: int) -> bool:
-        """Journal that attempt ``attempts`` starts, before it does; ``False`` (retried later) if that fails."""
+        """Journal that attempt ``attempts`` starts, before it does; ``False`` if that fails (retried later)
+        or the job was cancelled meanwhile (never run)."""
         backoff = job.task.backoff * 2 ** (attempts - 1)
         start = Start(job.request.id, ALONE if job.alone else SHARED, time.time() + backoff)
         try:
-            self._write("start", start)
+            if not self._write("start", start):
+                log.info("job %s (%s) was cancelled before it started: not run", job.request.id, job.task.name)
+                return False
         except Exception as exc:
             delay = max(backoff, 1.0)
             log.error("job %s (%s) not started: its attempt could not be journaled; retrying in %.1f s: %s: %s",
@@ -281,11 +328,15 @@ class JobScheduler:
         where = " and moved to the dead-letter state" if job.durable else ""
         log.error("job %s (%s) failed after %d attempt(s)%s: %s: %s\n%s",
                   job.request.id, job.task.name, attempts, where, *error)
-        self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, _describe(error)))
+        self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, _describe(error)),
+                     "dead" if job.task.retries else "failed", error=error)
 
-    def _settle(self, job: Job, outcome: Outcome) -> None:
+    def _settle(self, job: Job, outcome: Outcome, state: str, *, result: Any = None,
+                error: Optional[ErrorInfo] = None) -> None:
+        """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
         if job.durable:
             self._writes.put(("record", outcome, None))
+        self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 
     def _later(self, delay: float, job: Job) -> None:
         timer = gevent.spawn_later(delay, self._ready.put, job)
@@ -315,21 +366,22 @@ class JobScheduler:
         failures = 0
         while True:
             batch = self._next_batch(block=not (carried or self._broken))
-            waiting = [(op, result) for op, _, result in batch if op in ("add", "start")]
+            waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start")]
             adds = [item for op, item, _ in batch if op == "add"]
             starts = [item for op, item, _ in batch if op == "start"]
             records = carried + [item for op, item, _ in batch if op == "record"]
             fresh: list[Optional[str]] = []
+            refused: set[str] = set()
             try:
                 if waiting or records:
-                    fresh = pool.apply(self.journal.write, (adds, records, starts))
+                    fresh, refused = pool.apply(self.journal.write_all, (adds, records, starts))
                 elif self._broken:
                     pool.apply(self.journal.probe)
             except Exception as exc:
                 failures += 1
                 carried = records
                 self._write_failed(exc, failures, len(records))
-                for _, result in waiting:
+                for _, _, result in waiting:
                     result.set_exception(exc)
                 self._finish_stop(batch, carried)
                 gevent.sleep(_retry_delay(failures, 0.05))
@@ -338,8 +390,8 @@ class JobScheduler:
                 log.warning("the journal can be written again after %d failure(s)", failures)
             failures, carried, self._broken = 0, [], None
             states = iter(fresh)
-            for op, result in waiting:
-                result.set(next(states) if op == "add" else True)
+            for op, item, result in waiting:
+                result.set(next(states) if op == "add" else item.id not in refused)
             self._finish_stop(batch, carried)
 
     def _write_failed(self, exc: Exception, failures: int, outcomes: int) -> None:
@@ -404,7 +456,7 @@ class JobScheduler:
     def _prune(self) -> None:
         assert self.journal is not None
         pool = gevent.get_hub().threadpool
-        for state, keep in (("done", self.keep_done), ("dead", self.keep_dead)):
+        for state, keep in (("done", self.keep_done), ("cancelled", self.keep_done), ("dead", self.keep_dead)):
             pruned = pool.apply(self.journal.purge, ((state,), keep))
             if pruned:
                 log.info("pruned %d %s job(s) older than %.0f s from the journal", pruned, state, keep)
@@ -420,7 +472,8 @@ class JobScheduler:
         if task is None:  # claimed only for our tasks; a registry does not change while we run
             self._bury(row, f"UnknownTask: no task named {row.task!r}")
             return
-        log.info("replaying journaled job %s (%s), attempt %d", row.id, row.task, row.attempts + 1)
+        what = "starting delayed job" if row.attempts == 0 and row.next_at else "replaying journaled job"
+        log.info("%s %s (%s), attempt %d", what, row.id, row.task, row.attempts + 1)
         self._backlog.acquire()
         self._ready.put(Job(task, request, row.attempts, True, admitted=True, alone=row.running > 0))
 

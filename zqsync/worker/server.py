@@ -161,6 +161,7 @@ class Worker:
             busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
             keep_dead=self.settings.keep_dead,
         )
+        self.runner.builtins.update(self.scheduler.book.builtins())
         self._signals: list[int] = []
         self._wakeup = gevent.event.Event()
         self._greenlets: list[gevent.Greenlet] = []
@@ -189,12 +190,13 @@ class Worker:
         if self.backend:
             self.jobs.connect(self.backend[0])
             self.rpc.connect(self.backend[1])
-            self.endpoint = self.bind_address
+            self.endpoint = self.scheduler.book.worker = self.bind_address
             return self.endpoint
         if self.allow_client_keys:
             self._authenticator = GeventAuthenticator(context, self.allow_client_keys)
             self._authenticator.start()
         self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
+        self.scheduler.book.worker = self.endpoint
         self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
         self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
@@ -238,7 +240,7 @@ class Worker:
             _common.disown(sock)
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
-                  *self._slots.greenlets, *self._admissions.greenlets]
+                  *self._slots.greenlets, *self._admissions.greenlets, *self._calls.greenlets]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:
                 greenlet.kill(block=False)
@@ -296,6 +298,8 @@ class Worker:
         # hand, and receiving stops meanwhile. A confirmed job needs only to be
         # journaled, so it is admitted without a task slot, up to a backlog
         # bound (scheduler.py); the journal, not the task pool, buffers it.
+        # The worker's own zqsync.* calls take no slot either: a long-poll
+        # (zqsync.result) or a cancel must not wait behind the tasks it is about.
         while True:
             frames = self.rpc.recv_multipart()
             envelope = frames[: self._envelope]
@@ -307,6 +311,8 @@ class Worker:
                 self._refuse(envelope, decoded[0])
             elif decoded[0].kind == "confirm":
                 self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
+            elif decoded[0].task in self.runner.builtins:
+                self._calls.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
             else:
                 self._calls_waiting += 1  # spawning waits for a free slot
                 try:
@@ -358,6 +364,7 @@ class Worker:
         cold if another stop signal arrives meanwhile. Blocks the calling greenlet.
         """
         self._stopping = True
+        self.scheduler.book.close()
         gevent.killall(self._receivers[:1])
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()

@@ -1,0 +1,90 @@
+"""JobStatus: what ``Client.job``, ``Client.result`` and ``Client.cancel`` learn about one job id.
+
+A worker answers for the jobs it holds (``zqsync/worker/status.py``): confirmed
+jobs in its journal, plain jobs kept on request in its memory, and jobs running
+in it. ``unknown`` therefore means: no worker the client could reach holds
+that id. The job may never have been sent, may not have arrived yet (a plain
+job still queued), may have been a plain job whose status nobody asked to keep,
+may be on a worker that did not answer (listed in :attr:`JobStatus.unanswered`),
+or its status may have been pruned (``--keep-done`` seconds after it finished).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from ..errors import RemoteError, remote_error
+
+#: States after which a job never changes again.
+FINISHED = ("done", "failed", "dead", "cancelled")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """The status of one job, as the worker holding it reported it.
+
+    :ivar id: the job id.
+    :ivar state: ``pending`` (accepted, waiting for a slot), ``scheduled`` (waiting for its due time:
+        a delayed job, or a retry's backoff), ``running``, ``done``, ``failed`` (raised, and its task
+        has no retries), ``dead`` (retries exhausted: dead-lettered), ``cancelled``, or ``unknown``
+        (no reachable worker holds it: see the module docstring).
+    :ivar task: the task name, or ``None`` when unknown.
+    :ivar attempts: attempts started so far.
+    :ivar result: the task's return value once ``done`` (as msgpack decodes it), else ``None``.
+    :ivar error: the last attempt's error (:class:`RemoteError`), or ``None``.
+    :ivar enqueued_at: when the worker accepted it, epoch seconds (UTC) as a float, or ``None``.
+    :ivar started_at: when its last attempt started, epoch seconds, or ``None``.
+    :ivar finished_at: when it reached a finished state, epoch seconds, or ``None``.
+    :ivar due: when a ``scheduled`` job runs at the earliest, epoch seconds, or ``None``.
+    :ivar worker: the client's endpoint of the worker that answered, or ``None``.
+    :ivar pid: that worker process's pid, or ``None``.
+    :ivar unanswered: endpoints that did not answer while the job was looked for.
+    """
+
+    id: str
+    state: str
+    task: Optional[str] = None
+    attempts: int = 0
+    result: Any = None
+    error: Optional[RemoteError] = None
+    enqueued_at: Optional[float] = None
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    due: Optional[float] = None
+    worker: Optional[str] = None
+    pid: Optional[int] = None
+    unanswered: tuple[str, ...] = ()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job reached a state it never leaves (done, failed, dead, cancelled)."""
+        return self.state in FINISHED
+
+    def value(self) -> Any:
+        """The result of a ``done`` job.
+
+        :raises RemoteError: the job failed or is dead (the task's error type, as :meth:`Client.call`
+            raises it); :class:`~zqsync.errors.JobCancelled` if cancelled.
+        :raises ValueError: the job has not finished.
+        """
+        if self.state == "done":
+            return self.result
+        if self.error is not None and self.finished:
+            raise self.error
+        raise ValueError(f"job {self.id} has not finished (state {self.state})")
+
+    @classmethod
+    def from_reply(cls, reply: Mapping[str, Any], worker: Optional[str],
+                   unanswered: tuple[str, ...] = ()) -> "JobStatus":
+        """Build from a worker's ``zqsync.job``/``zqsync.result``/``zqsync.cancel`` answer."""
+        error = reply.get("error")
+        raised = None if error is None else remote_error(
+            error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply["id"])
+        known = reply.get("state") != "unknown"
+        return cls(reply["id"], reply["state"], reply.get("task"), reply.get("attempts", 0), reply.get("result"),
+                   raised, reply.get("enqueued_at"), reply.get("started_at"), reply.get("finished_at"),
+                   reply.get("due"), worker if known else None, reply.get("pid") if known else None, unanswered)
+
+
+__all__ = ["FINISHED", "JobStatus"]

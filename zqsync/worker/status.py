@@ -1,0 +1,309 @@
+"""Job status, results and cancel on the worker side, and the journal's admin calls.
+
+Who knows a job's status (``docs/design.md``, "Job status and results"):
+
+* a **confirmed** job: the journal of the worker that acknowledged it (its row:
+  state, attempts, timestamps, error, and the msgpack result of a ``done`` job),
+  for ``keep_done`` seconds after it finished (``keep_dead`` when dead-lettered);
+* a **plain** job: only if its task has ``store_result=True`` or the caller
+  asked (``store_result=True`` on enqueue); then this process's memory keeps it,
+  at most :data:`MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
+* a job **running** here: this process's memory, which holds its greenlet (to cancel it).
+
+Every worker answers the ``zqsync.*`` admin calls below from what it holds;
+the client asks the preferred worker of the id first, then the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import reprlib
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import gevent
+import gevent.event
+
+from ..errors import NoJournal, ProtocolError
+from ..wire import envelope
+from .journal import CANCELLED, Journal, Row
+
+log = logging.getLogger(__name__)
+
+#: States after which a job never changes again.
+TERMINAL = ("done", "failed", "dead", "cancelled")
+#: Most plain-job statuses one process keeps in memory (oldest dropped first).
+MAX_KEPT = 10_000
+#: Longest single ``zqsync.result`` long-poll, seconds (clients call again for longer waits).
+MAX_WAIT = 30.0
+#: Seconds between re-reads of the journal while a long-poll waits (a job may finish in another process).
+RECHECK = 1.0
+#: Most rows one ``zqsync.jobs`` page returns.
+MAX_PAGE = 1000
+_SUMMARY = reprlib.Repr()
+_SUMMARY.maxlevel, _SUMMARY.maxstring, _SUMMARY.maxother, _SUMMARY.maxlist, _SUMMARY.maxdict = 3, 40, 40, 5, 5
+
+
+class Cancelled(BaseException):
+    """Thrown into a running task's greenlet by ``zqsync.cancel`` (``gevent.kill``): a BaseException,
+    so that the runner's error handling does not turn it into an ordinary failure."""
+
+
+@dataclasses.dataclass
+class Running:
+    """A job running in this process."""
+
+    greenlet: gevent.Greenlet
+    task: str
+    attempts: int
+    started_at: float
+
+
+def _error(text: Optional[str], traceback: str = "") -> Optional[dict[str, str]]:
+    if text is None:
+        return None
+    kind, _, message = text.partition(": ")
+    return {"type": kind, "message": message, "traceback": traceback}
+
+
+def _final_state(state: str, retries: int) -> str:
+    """A journal ``dead`` row of a task without retries is reported ``failed``: it was never meant to retry."""
+    return "failed" if state == "dead" and retries == 0 else state
+
+
+class JobBook:
+    """What this worker process knows of its jobs, and the ``zqsync.*`` job admin calls.
+
+    :param journal: the worker's journal, or ``None`` (no confirmed jobs here).
+    :param keep_done: seconds a finished plain job's status stays in memory.
+    """
+
+    def __init__(self, journal: Optional[Journal], keep_done: float) -> None:
+        self.journal = journal
+        self.keep_done = keep_done
+        self.worker = ""  # the base endpoint, set once bound
+        self._running: dict[str, Running] = {}
+        self._kept: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._waiters: dict[str, list[gevent.event.Event]] = {}
+        self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._closing = False
+
+    # -- the scheduler's side ----------------------------------------------
+
+    def started(self, job_id: str, task: str, attempts: int, *, keep: bool) -> None:
+        """An attempt starts in the current greenlet; ``keep``: a plain job whose status is kept in memory."""
+        now = time.time()
+        self._running[job_id] = Running(gevent.getcurrent(), task, attempts, now)
+        if keep:
+            status = self._kept.pop(job_id, None) or {"enqueued_at": now}
+            self._keep(job_id, {**status, "task": task, "state": "running", "attempts": attempts, "started_at": now})
+        self._notify(job_id)
+
+    def stopped(self, job_id: str) -> None:
+        """The current attempt returned or was interrupted: it can no longer be cancelled as running."""
+        self._running.pop(job_id, None)
+
+    def settled(self, job_id: str, state: str, *, result: Any = None, error: Optional[tuple[str, str, str]] = None,
+                due: float = 0.0) -> None:
+        """An attempt's outcome (``state`` as reported): updates a kept plain status and wakes long-polls."""
+        status = self._kept.get(job_id)
+        if status is not None:
+            status.update(state=state, result=result, due=due or None,
+                          error=None if error is None else dict(zip(("type", "message", "traceback"), error)),
+                          finished_at=time.time() if state in TERMINAL else None)
+        self._notify(job_id)
+
+    def take_cancel(self, job_id: str) -> bool:
+        """Whether a plain job about to start was cancelled meanwhile (the mark is used up)."""
+        return self._cancelled.pop(job_id, False) is None
+
+    def close(self) -> None:
+        """The worker is stopping: every long-poll answers now (its client asks again, elsewhere or later)."""
+        self._closing = True
+        for job_id in list(self._waiters):
+            self._notify(job_id)
+
+    def _keep(self, job_id: str, status: dict[str, Any]) -> None:
+        self._kept[job_id] = status
+        cutoff = time.time() - self.keep_done
+        while self._kept and (len(self._kept) > MAX_KEPT or self._expired(next(iter(self._kept.values())), cutoff)):
+            self._kept.popitem(last=False)
+
+    @staticmethod
+    def _expired(status: dict[str, Any], cutoff: float) -> bool:
+        return status.get("finished_at") is not None and status["finished_at"] < cutoff
+
+    def _notify(self, job_id: str) -> None:
+        for event in self._waiters.pop(job_id, []):
+            event.set()
+
+    # -- admin calls ---------------------------------------------------------
+
+    def builtins(self) -> dict[str, Callable[..., Any]]:
+        """The worker's ``zqsync.*`` job calls, by name."""
+        return {"zqsync.job": self.job, "zqsync.result": self.result, "zqsync.cancel": self.cancel,
+                "zqsync.jobs": self.jobs, "zqsync.requeue": self.requeue, "zqsync.purge": self.purge}
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """``zqsync.job``: the status of ``job_id`` as this process knows it (``state`` ``unknown`` if not).
+
+        :returns: ``{"id", "state", "task", "attempts", "result", "error" ({"type", "message", "traceback"}
+            or None), "enqueued_at", "started_at", "finished_at", "due" (epoch seconds, UTC, or None),
+            "worker", "pid"}``.
+        """
+        _check_id(job_id)
+        status: dict[str, Any] = {"id": job_id, "state": "unknown", "task": None, "attempts": 0, "result": None, "error": None,
+                  "enqueued_at": None, "started_at": None, "finished_at": None, "due": None}
+        row = self._row(job_id)
+        if row is not None:
+            status.update(self._from_row(row))
+        elif job_id in self._kept:
+            status.update(self._kept[job_id])
+        running = self._running.get(job_id)
+        if running is not None and status["state"] not in TERMINAL:
+            status.update(state="running", task=running.task, attempts=running.attempts, started_at=running.started_at)
+        return {**status, "worker": self.worker, "pid": os.getpid()}
+
+    def result(self, job_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """``zqsync.result``: wait up to ``timeout`` seconds (at most :data:`MAX_WAIT`) for ``job_id`` to
+        finish, then return its status as :meth:`job` (finished or not). Blocks only the calling greenlet;
+        answers at once while the worker stops."""
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < float("inf"):
+            raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+        deadline = time.monotonic() + min(float(timeout), MAX_WAIT)
+        while True:
+            status = self.job(job_id)
+            remaining = deadline - time.monotonic()
+            if status["state"] in TERMINAL or remaining <= 0 or self._closing:
+                return status
+            event = gevent.event.Event()
+            self._waiters.setdefault(job_id, []).append(event)
+            try:
+                event.wait(min(remaining, RECHECK))
+            finally:
+                waiting = self._waiters.get(job_id, [])
+                if event in waiting:
+                    waiting.remove(event)
+                if not waiting:
+                    self._waiters.pop(job_id, None)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """``zqsync.cancel``: cancel ``job_id`` if it is pending, scheduled or running here.
+
+        A running task is interrupted where it next yields (``gevent.kill``; waits up to 5 s for it
+        to end); a pending or scheduled one is marked ``cancelled`` and never starts.
+
+        :returns: the status as :meth:`job`, with ``"cancelled"``: whether this call cancelled it.
+        """
+        _check_id(job_id)
+        running = self._running.get(job_id)
+        if running is not None:
+            log.info("cancelling job %s (%s) while it runs", job_id, running.task)
+            gevent.kill(running.greenlet, Cancelled(job_id))
+            running.greenlet.join(timeout=5.0)
+            return {**self.job(job_id), "cancelled": True}
+        done = self.journal is not None and gevent.get_hub().threadpool.apply(self.journal.cancel, (job_id,))
+        kept = self._kept.get(job_id)
+        if not done and kept is not None and kept["state"] in ("pending", "scheduled"):
+            kept.update(state="cancelled", finished_at=time.time(), error=_error(CANCELLED))
+            self._cancelled[job_id] = None
+            while len(self._cancelled) > MAX_KEPT:
+                self._cancelled.popitem(last=False)
+            done = True
+        if done:
+            log.info("cancelled job %s before it started", job_id)
+            self._notify(job_id)
+        return {**self.job(job_id), "cancelled": bool(done)}
+
+    def jobs(self, state: Optional[str] = None, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+        """``zqsync.jobs``: the journal's job counts per state, and one page of the rows in ``state``.
+
+        :param state: a journal state (``pending``, ``done``, ``dead``, ``cancelled``), or ``None`` for counts only.
+        :param offset: rows to skip (oldest first). :param limit: most rows, at most :data:`MAX_PAGE`.
+        :returns: ``{"counts": {state: n}, "running": [ids running in this process], "rows": [{"id", "task",
+            "args" (a short repr), "state", "attempts", "error", "enqueued_at", "started_at", "finished_at",
+            "due"}]}``.
+        :raises NoJournal: this worker keeps no journal.
+        """
+        journal = self._journal()
+        if not (isinstance(offset, int) and isinstance(limit, int) and offset >= 0 and 0 < limit <= MAX_PAGE):
+            raise ValueError(f"offset must be an int >= 0 and limit an int in 1..{MAX_PAGE}")
+        pool = gevent.get_hub().threadpool
+        rows = pool.apply(journal.rows, ((state,),), {"limit": limit, "offset": offset}) if state else []
+        return {"counts": pool.apply(journal.counts), "running": sorted(self._running),
+                "rows": [_summary(row) for row in rows]}
+
+    def requeue(self, ids: Optional[Sequence[str]] = None, all_dead: bool = False) -> int:
+        """``zqsync.requeue``: make ``ids`` (or every dead job) pending again, attempts reset; returns how many.
+
+        :raises NoJournal: this worker keeps no journal. :raises ValueError: neither or both of ids and all_dead.
+        """
+        journal = self._journal()
+        if bool(ids) == bool(all_dead):
+            raise ValueError("give job ids or all_dead=True (not both)")
+        return int(gevent.get_hub().threadpool.apply(journal.requeue, (list(ids or ()),), {"all_dead": all_dead}))
+
+    def purge(self, states: Sequence[str], older_than: float) -> int:
+        """``zqsync.purge``: delete finished rows in ``states`` (``done``, ``dead``, ``cancelled``) last
+        updated more than ``older_than`` seconds ago; returns how many. Pending rows are never purged.
+
+        :raises NoJournal: this worker keeps no journal. :raises ValueError: a bad state or age.
+        """
+        journal = self._journal()
+        if not states or not set(states) <= {"done", "dead", "cancelled"}:
+            raise ValueError(f"states must be some of done, dead, cancelled; got {states!r}")
+        if not isinstance(older_than, (int, float)) or older_than < 0:
+            raise ValueError(f"older_than must be seconds >= 0, got {older_than!r}")
+        return int(gevent.get_hub().threadpool.apply(journal.purge, (list(states), float(older_than))))
+
+    # -- helpers -------------------------------------------------------------
+
+    def _journal(self) -> Journal:
+        if self.journal is None:
+            raise NoJournal("NoJournal", "this worker keeps no journal: start it with --state-dir DIR")
+        return self.journal
+
+    def _row(self, job_id: str) -> Optional[Row]:
+        if self.journal is None:
+            return None
+        rows = gevent.get_hub().threadpool.apply(self.journal.rows, (), {"ids": [job_id], "limit": 1})
+        return rows[0] if rows else None
+
+    def _from_row(self, row: Row) -> dict[str, Any]:
+        state = _final_state(row.state, row.retries)
+        if state == "pending" and row.running and self._owner_alive(row):
+            state = "running"
+        elif state == "pending" and row.next_at > time.time():
+            state = "scheduled"
+        result = envelope.decode_reply(row.result).result if row.result else None
+        return {"state": state, "task": row.task, "attempts": row.attempts, "result": result,
+                "error": _error(row.error) if state != "done" else None, "enqueued_at": row.created_at,
+                "started_at": row.started_at, "finished_at": row.finished_at,
+                "due": row.next_at if state == "scheduled" else None}
+
+    def _owner_alive(self, row: Row) -> bool:
+        assert self.journal is not None
+        return bool(gevent.get_hub().threadpool.apply(self.journal.owner_alive, (row.owner,)))
+
+
+def _summary(row: Row) -> dict[str, Any]:
+    try:
+        request = envelope.decode_request(row.body)
+        args = _SUMMARY.repr(request.args)[1:-1] + (", " if request.args and request.kwargs else "") + ", ".join(
+            f"{key}={_SUMMARY.repr(value)}" for key, value in list(request.kwargs.items())[:5])
+    except ProtocolError as exc:
+        args = f"<undecodable: {exc}>"
+    return {"id": row.id, "task": row.task, "args": args[:200], "state": _final_state(row.state, row.retries),
+            "attempts": row.attempts, "error": row.error, "enqueued_at": row.created_at,
+            "started_at": row.started_at, "finished_at": row.finished_at, "due": row.next_at or None}
+
+
+def _check_id(job_id: Any) -> None:
+    if not isinstance(job_id, str) or not job_id or len(job_id) > envelope.MAX_ID:
+        raise ValueError(f"job_id must be a non-empty str of at most {envelope.MAX_ID} characters, got {job_id!r}")
+
+
+__all__ = ["Cancelled", "JobBook", "TERMINAL"]
