@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_commands(commands, common, curve_client)
     _add_job(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
+    _add_dashboard(commands, common, curve_client)
     _add_keygen(commands, common)
     _add_demo(commands, common)
     _add_bench(commands, common)
@@ -242,6 +243,25 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: arg
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
     stats.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the answer (default: 5)")
     stats.set_defaults(handler=cmd_stats)
+
+
+def _add_dashboard(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync dashboard``: the fleet's web page."""
+    dashboard = commands.add_parser(
+        "dashboard", parents=[common, curve_client], help="serve a web page showing and steering the workers",
+        description="Serve a web page (Flask under gevent; needs the web extra) with each worker's state, "
+        "throughput and latency charts, and its journal: dead jobs, lookup by id, requeue, cancel, purge. "
+        "It only makes the workers' admin calls; it stores nothing. It binds loopback unless given "
+        "--token-file, whose token the page then asks for.",
+    )
+    dashboard.add_argument("endpoints", metavar="ENDPOINT", nargs="+", help="worker base endpoints, e.g. tcp://127.0.0.1:5555")
+    dashboard.add_argument("--bind", default="127.0.0.1:8008", metavar="HOST:PORT",
+                           help="address to serve on (default: 127.0.0.1:8008; port 0 picks a free one)")
+    dashboard.add_argument("--token-file", metavar="FILE", help="file holding the login token; required off loopback")
+    dashboard.add_argument("--metrics-url", metavar="URL", help="the Prometheus endpoint to link to from the page")
+    dashboard.add_argument("--interval", type=_seconds, default=1.0, help="seconds between polls of each worker (default: 1)")
+    dashboard.add_argument("--ready-file", metavar="FILE", help="write the page's URL into FILE once listening")
+    dashboard.set_defaults(handler=cmd_dashboard)
 
 
 def _add_keygen(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -495,14 +515,18 @@ def _purge(journal: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from .client.client import Client
+def _curve(args: argparse.Namespace) -> Any:
     from .wire.curve import Curve
 
     if bool(args.curve_server_key) != bool(args.curve_secret_key):
         raise SystemExit(f"zqsync {args.command}: --curve-server-key and --curve-secret-key go together")
-    curve = Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
-    return Client(args.endpoint, curve=curve)
+    return Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from .client.client import Client
+
+    return Client(args.endpoint, curve=_curve(args))
 
 
 def cmd_call(args: argparse.Namespace) -> int:
@@ -559,6 +583,37 @@ def cmd_stats(args: argparse.Namespace) -> int:
         pools = "  ".join(f"{name}: opened {client[name]['opened']} reused {client[name]['reused']}"
                           for name in ("push", "dealer"))
         print(f"  client {index} in tasks: {pools}")
+    return 0
+
+
+def _bind(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise SystemExit(f"zqsync dashboard: --bind must be HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _token(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    with open(path) as handle:
+        token = handle.read().strip()
+    if len(token) < 16:
+        raise SystemExit(f"zqsync dashboard: the token in {path} is shorter than 16 characters")
+    return token
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """``zqsync dashboard``: serve the page until interrupted. :raises ConfigurationError: off loopback without a token."""
+    try:
+        import flask  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"zqsync dashboard needs the web extra (pip install 'zqsync[web]'): {exc}") from exc
+    from .dashboard import serve
+
+    host, port = _bind(args.bind)
+    serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
+          metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
     return 0
 
 
