@@ -190,4 +190,5 @@ def _answer(fleet: Fleet, endpoint: str, call: str, **kwargs: Any) -> dict[str, 
     try:
         return {"endpoint": endpoint, "result": client.call_with_options(call, kwargs=kwargs, timeout=ADMIN_TIMEOUT)}
     except ZqsyncError as exc:
-        return {"endpoint": endpoint, "error": f"{type(exc).__name__}: {exc}"}
+        text, name = str(exc), type(exc).__name__
+        return {"endpoint": endpoint, "error": text if text.startswith(name) else f"{name}: {text}"}

@@ -32,6 +32,7 @@
     { label: "jobs/s", stroke: "#1f77b4", width: 2 }, { label: "calls/s", stroke: "#ff7f0e", width: 2 }]);
   const latency = chart("chart-latency", [
     { label: "p50", stroke: "#2ca02c", width: 2 }, { label: "p99", stroke: "#d62728", width: 2 }]);
+  window.zqsyncCharts = { throughput: throughput, latency: latency };  // for scripts and the browser test
 
   function drawFleet(workers) {
     const tbody = body("fleet"), durations = body("durations");
@@ -53,7 +54,7 @@
         for (const [task, d] of Object.entries(p.durations)) {
           const drow = durations.insertRow();
           [w.endpoint, "pid " + p.pid, task].forEach((t) => cell(drow, t));
-          cell(drow, d.count, "num"); cell(drow, fixed(1000 * d.p50, 2), "num"); cell(drow, fixed(1000 * d.p99, 2), "num");
+          cell(drow, d.count, "num"); cell(drow, fixed(1000 * d.p50, 3), "num"); cell(drow, fixed(1000 * d.p99, 3), "num");
         }
       }
       for (const c of w.children) {
