@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -151,3 +152,26 @@ def test_off_loopback_needs_a_token_and_every_request_carries_it(dashboards):
     assert session.get(dashboard.url + "/api/state", timeout=10).status_code == 200
     assert 'href="http://127.0.0.1:9/metrics"' in session.get(dashboard.url + "/", timeout=10).text
     assert session.post(dashboard.url + "/api/purge", json={}, timeout=10).status_code == 403
+
+
+def test_a_worker_is_busy_then_stopping_then_unreachable(zq_worker, dashboards):
+    worker = zq_worker(extra_args=["--graceful-timeout", "20"])
+    dashboard = dashboards([worker.endpoint], interval=0.2)
+
+    def state() -> str:
+        return _state(dashboard.url)["workers"][0]["state"]
+
+    wait_for(lambda: state() == "up", what="the worker up")
+    with zqsync.Client(worker.endpoint) as client:
+        client.enqueue("sleep", 3.0)
+    wait_for(lambda: state() == "busy", what="the worker busy with its job")
+    worker.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: state() == "stopping", what="the worker stopping while its job runs")
+    assert worker.proc.wait(30) == 0
+    wait_for(lambda: state() == "unreachable", what="the stopped worker unreachable")
+
+
+def test_bad_bind_is_a_clear_error():
+    result = subprocess.run([sys.executable, "-m", "zqsync", "dashboard", "tcp://127.0.0.1:5555", "--bind", "8008"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "--bind must be HOST:PORT" in result.stderr, result.stderr
