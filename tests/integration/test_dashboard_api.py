@@ -57,16 +57,15 @@ def test_fleet_shows_each_worker_its_children_and_moving_rates(zq_worker, dashbo
 
     def done() -> dict:
         workers = {row["endpoint"]: row for row in _state(dashboard.url)["workers"]}
-        total = sum(proc["counters"]["jobs_succeeded"] for row in workers.values() for proc in row["processes"])
-        return workers if total == 300 and len(workers[prefork.endpoint]["processes"]) == 2 else {}
+        processes = [proc for row in workers.values() for proc in row["processes"]]
+        totals = [sum(proc["counters"][name] for proc in processes) for name in ("jobs_succeeded", "calls_received")]
+        return workers if totals == [300, 1] and len(workers[prefork.endpoint]["processes"]) == 2 else {}
 
-    workers = wait_for(done, timeout=30, what="300 jobs done, and both children of the prefork worker seen")
+    workers = wait_for(done, timeout=30, what="300 jobs and 1 call counted, and both prefork children seen")
     assert workers[plain.endpoint]["state"] in ("up", "busy")
     assert [proc["pid"] for proc in workers[plain.endpoint]["processes"]] == [plain.pid]
     assert all(proc["uptime"] > 0 for proc in workers[prefork.endpoint]["processes"])
     assert workers[nowhere]["state"] == "unreachable" and workers[nowhere]["processes"] == []
-    assert sum(row["counters"]["calls_received"] for row in workers[plain.endpoint]["processes"] +
-               workers[prefork.endpoint]["processes"]) == 1
     history = _state(dashboard.url)["history"]
     assert max(sample["jobs_per_s"] for sample in history) > 0, history
     assert max(sample["p99"] for sample in history) > 0, history
@@ -105,6 +104,10 @@ def test_dead_job_requeued_runs_and_a_delayed_job_is_cancelled(zq_worker, dashbo
     counts = requests.get(dashboard.url + "/api/jobs", timeout=10).json()["workers"][0]["result"]["counts"]
     assert counts == {"done": 1, "cancelled": 1}, counts
 
+    # DNS rebinding: a page whose own name now points at 127.0.0.1 would fetch the page (and its CSRF token).
+    for path in ("/", "/api/state"):
+        rebound = requests.get(dashboard.url + path, headers={"Host": "attacker.example:8008"}, timeout=10)
+        assert rebound.status_code == 403 and "not loopback" in rebound.json()["error"]
     unknown = session.post(dashboard.url + "/api/cancel", json={"endpoint": "tcp://10.0.0.1:1", "id": delayed},
                            headers=headers, timeout=10)
     assert unknown.status_code == 404

@@ -7,7 +7,8 @@ It keeps no database: the fleet view comes from polling ``zqsync.stats``
 Safety: it binds loopback unless given a token (:func:`check_bind`). With a
 token, every page and API call needs it: the login form stores it in the
 session cookie, or a script sends ``Authorization: Bearer TOKEN``. Every POST
-also needs the session's CSRF token in the ``X-CSRF-Token`` header.
+also needs the session's CSRF token in the ``X-CSRF-Token`` header. Without a
+token, a request naming another ``Host`` than loopback is refused (DNS rebinding).
 """
 
 from __future__ import annotations
@@ -38,15 +39,26 @@ def check_bind(host: str, token: Optional[str]) -> None:
     :param token: the login token, or ``None``.
     :raises ConfigurationError: ``host`` is not loopback and ``token`` is empty.
     """
-    if token or host == "localhost":
-        return
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
+    if not (token or _loopback(host)):
         raise ConfigurationError(f"binding {host} (not loopback) needs --token-file: anyone who reaches the "
                                  "page could requeue, cancel and purge jobs", setting="bind")
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address, without port) is ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> str:
+    """``HOST`` of a ``Host`` header ``HOST[:PORT]`` (``[V6]:PORT`` too)."""
+    if host.startswith("["):
+        return host[1:host.find("]")]
+    return host.rsplit(":", 1)[0]
 
 
 def create_app(fleet: Fleet, *, token: Optional[str] = None, metrics_url: Optional[str] = None) -> Flask:
@@ -70,6 +82,10 @@ def _guard(app: Flask, token: Optional[str]) -> None:
 
     @app.before_request
     def check() -> Any:
+        # Without a token only loopback is served: refuse another Host name, which a page that
+        # re-pointed its own DNS name at 127.0.0.1 (DNS rebinding) would send.
+        if not token and not _loopback(_host_name(request.host)):
+            return jsonify(error=f"Host {request.host!r} is not loopback; serve off loopback with --token-file"), 403
         if request.endpoint in OPEN_VIEWS:
             return None
         if token and not (session.get("authed") or _bearer_ok(token)):
