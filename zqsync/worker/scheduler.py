@@ -194,6 +194,8 @@ class JobScheduler:
             self._backlog.release()
             raise
         if existing is None:
+            self.runner.counters["jobs_received"] += 1
+            self.runner.counters["confirmed_accepted"] += 1
             self._ready.put(Job(task, request, 0, True, admitted=True))
             return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False})
         self._backlog.release()
@@ -421,6 +423,7 @@ class JobScheduler:
             self._bury(row, f"UnknownTask: no task named {row.task!r}")
             return
         log.info("replaying journaled job %s (%s), attempt %d", row.id, row.task, row.attempts + 1)
+        self.runner.counters["jobs_replayed"] += 1
         self._backlog.acquire()
         self._ready.put(Job(task, request, row.attempts, True, admitted=True, alone=row.running > 0))
 
