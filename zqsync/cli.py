@@ -564,14 +564,17 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """``zqsync stats``: print a live worker's counters. :raises ZqsyncError: no answer in time."""
+    """``zqsync stats``: print a live worker's counters (a prefork worker's summed over its children).
+
+    :raises ZqsyncError: no answer in time.
+    """
     with _client(args) as client:
         stats = client.call_with_options("zqsync.stats", timeout=args.timeout)
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
-    print(f"worker pid {stats['pid']}, up {stats['uptime']:.0f} s, tasks: {', '.join(stats['tasks'])}")
-    for group in ("jobs", "confirmed", "calls"):
+    _print_header(stats)
+    for group in ("jobs", "plain", "confirmed", "calls"):
         fields = {key[len(group) + 1:]: value for key, value in stats.items() if key.startswith(group + "_")}
         print(f"  {group:10} " + "  ".join(f"{key} {value}" for key, value in fields.items()))
     print(f"  {'other':10} in_flight {stats['in_flight']}  dropped: malformed {stats['malformed']}  "
@@ -615,6 +618,25 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
           metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
     return 0
+
+
+def _print_header(stats: dict[str, Any]) -> None:
+    tasks = ", ".join(stats["tasks"])
+    supervisor = stats.get("supervisor")
+    if supervisor is None:
+        print(f"worker pid {stats['pid']}, up {stats['uptime']:.0f} s, tasks: {tasks}")
+        return
+    print(f"prefork worker: supervisor pid {supervisor.get('pid')}, up {supervisor.get('uptime', 0):.0f} s, "
+          f"{len(stats['children'])} children ({stats['unreachable']} unreachable), "
+          f"{supervisor.get('restarts', 0)} restarts, tasks: {tasks}; totals:")
+    for child in stats["children"]:
+        if child["state"] == "unreachable":
+            print(f"  child pid {child['pid']}: unreachable")
+            continue
+        counters = child["counters"]
+        print(f"  child pid {child['pid']}: {child['state']}, up {child['uptime']:.0f} s, in_flight "
+              f"{child['in_flight']}, jobs succeeded {counters.get('jobs_succeeded', 0)}, "
+              f"calls succeeded {counters.get('calls_succeeded', 0)}")
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

@@ -82,7 +82,7 @@ def test_dashboard_in_a_real_browser(browser, zq_worker, tmp_path, root):
         wait_for(lambda: {plain.endpoint, prefork.endpoint} <= set(_texts(browser, "#fleet tbody td:first-child")),
                  what="both workers in the fleet table")
         print(f"page load to a filled fleet table: {time.monotonic() - started:.2f} s")
-        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, f'#fleet tr[data-endpoint="{prefork.endpoint}"]')) == 2,
+        wait_for(lambda: len(browser.find_elements(By.CSS_SELECTOR, f'#fleet tr[data-child="{prefork.endpoint}"]')) == 2,
                  what="both children of the prefork worker")
         assert set(_texts(browser, "#fleet tbody td:nth-child(2)")) <= {"up", "busy"}
 

@@ -1,9 +1,9 @@
 """The dashboard's view of the fleet: one greenlet per worker polls ``zqsync.stats``.
 
-Each poll keeps the latest answer per worker process (pid): under ``--processes``
-without aggregated stats, successive polls reach different children, and the
-rates are computed per pid from that pid's previous answer, then summed.
-Nothing is stored beyond :data:`HISTORY` samples in memory.
+Each poll keeps the latest answer per worker process: a prefork worker answers
+for all its children (keyed by its supervisor's pid, children listed under
+``children``); rates come from the difference with that process's previous
+answer. Nothing is stored beyond :data:`HISTORY` samples in memory.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ CALL_COUNTERS = ("calls_received",)
 
 @dataclass
 class Process:
-    """The latest ``zqsync.stats`` answer of one worker process, and its rates."""
+    """The latest ``zqsync.stats`` answer of one worker process (or prefork supervisor), and its rates."""
 
+    pid: int
     seen: float
     stats: dict[str, Any]
     jobs_per_s: float = 0.0
@@ -57,7 +58,14 @@ def _total(stats: dict[str, Any], names: tuple[str, ...]) -> int:
 
 
 def _state(stats: dict[str, Any]) -> str:
+    if stats.get("state") in ("stopping", "unreachable"):
+        return str(stats["state"])
     return "busy" if stats.get("in_flight", 0) > 0 else "up"
+
+
+def _pid(stats: dict[str, Any]) -> int:
+    """The supervisor's pid for a prefork worker's whole-worker answer (any child answers), else the worker's."""
+    return int((stats.get("supervisor") or {}).get("pid") or stats["pid"])
 
 
 class Fleet:
@@ -120,9 +128,9 @@ class Fleet:
 
     def _record(self, worker: Worker, stats: dict[str, Any]) -> None:
         now = time.monotonic()
-        pid = int(stats["pid"])
+        pid = _pid(stats)
         previous = worker.processes.get(pid)
-        process = worker.processes[pid] = Process(now, stats)
+        process = worker.processes[pid] = Process(pid, now, stats)
         if previous is not None and now > previous.seen:
             elapsed = now - previous.seen
             process.jobs_per_s = max(0, _total(stats, JOB_COUNTERS) - _total(previous.stats, JOB_COUNTERS)) / elapsed
@@ -160,7 +168,7 @@ class Fleet:
         return [self._worker_row(worker) for worker in self.workers]
 
     def _worker_row(self, worker: Worker) -> dict[str, Any]:
-        processes = sorted(worker.processes.values(), key=lambda process: process.stats["pid"])
+        processes = sorted(worker.processes.values(), key=lambda process: process.pid)
         rows = [_process_row(process) for process in processes]
         # Aggregated prefork stats list each child under "children".
         children = [_child_row(child) for process in processes for child in process.stats.get("children", ())]
@@ -180,7 +188,8 @@ class Fleet:
 def _process_row(process: Process) -> dict[str, Any]:
     stats = process.stats
     return {
-        "pid": stats["pid"],
+        "pid": process.pid,
+        "prefork": "supervisor" in stats,
         "state": _state(stats),
         "in_flight": stats.get("in_flight", 0),
         "uptime": stats.get("uptime", 0.0),
@@ -193,5 +202,7 @@ def _process_row(process: Process) -> dict[str, Any]:
 
 
 def _child_row(child: dict[str, Any]) -> dict[str, Any]:
-    return {"pid": child.get("pid"), "state": child.get("state") or _state(child),
-            "in_flight": child.get("in_flight", 0), "uptime": child.get("uptime")}
+    counters = child.get("counters", {})
+    return {"pid": child.get("pid"), "state": _state(child), "in_flight": child.get("in_flight", 0),
+            "uptime": child.get("uptime"), "jobs_done": _total(counters, JOB_COUNTERS),
+            "calls": _total(counters, CALL_COUNTERS)}

@@ -55,6 +55,7 @@ from .. import _common, settings
 from ..errors import ConfigurationError
 from .auth import start_thread_authenticator
 from .binding import bind_pair
+from .fleet import remove_admin_socket, write_supervisor_file
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Supervisor:
         self._proxies: dict[str, tuple[zmq.Socket, threading.Thread]] = {}
         self._reloads = 0
         self._spawned = 0
+        self._started = time.time()
 
     # -- proxies -----------------------------------------------------------
 
@@ -216,6 +218,8 @@ class Supervisor:
                 os._exit(status)
         child = self.children[pid] = _Child(slot, pid, ready_file)
         log.info("started worker child %d (pid %d)", slot, pid)
+        write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started,
+                                          "processes": self.processes, "restarts": self.restarts})
         return child
 
     def _reap(self) -> Optional[int]:
@@ -230,6 +234,7 @@ class Supervisor:
             child = self.children.pop(pid, None)
             if child is None:
                 continue
+            remove_admin_socket(self._dir, pid)
             if self.on_child_exit is not None:
                 self.on_child_exit(pid)
             code = os.waitstatus_to_exitcode(status)

@@ -43,7 +43,7 @@
         row.dataset.endpoint = w.endpoint;
         cell(row, w.endpoint);
         cell(row, p ? p.state : w.state, "state-" + (p && w.state !== "stopping" ? p.state : w.state)).title = w.error || "";
-        cell(row, p ? "pid " + p.pid : "");
+        cell(row, p ? (p.prefork ? "supervisor pid " : "pid ") + p.pid : "");
         cell(row, p ? p.in_flight : "", "num");
         cell(row, p ? fixed(p.jobs_per_s, 1) : "", "num");
         cell(row, p ? fixed(p.calls_per_s, 1) : "", "num");
@@ -59,8 +59,12 @@
       }
       for (const c of w.children) {
         const row = tbody.insertRow();
-        [w.endpoint + " (child)", c.state, "pid " + c.pid].forEach((t) => cell(row, t));
+        row.dataset.child = w.endpoint;
+        cell(row, "");
+        cell(row, c.state, "state-" + c.state);
+        cell(row, "child pid " + c.pid);
         cell(row, c.in_flight, "num"); cell(row, ""); cell(row, ""); cell(row, duration(c.uptime));
+        cell(row, c.jobs_done, "num"); cell(row, c.calls, "num");
       }
     }
   }
