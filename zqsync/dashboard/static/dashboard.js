@@ -25,7 +25,8 @@
 
   function chart(id, series) {
     const el = document.getElementById(id);
-    const opts = { width: 560, height: 220, series: [{}].concat(series), axes: [{}, { size: 60 }] };
+    const values = (u, ticks) => ticks.map((v) => +v.toPrecision(3));
+    const opts = { width: 560, height: 220, series: [{}].concat(series), axes: [{}, { size: 60, values: values }] };
     return new uPlot(opts, [[]].concat(series.map(() => [])), el);
   }
   const throughput = chart("chart-throughput", [
