@@ -62,8 +62,9 @@ class Dashboard:
         with open(self.log_path) as handle:
             return handle.read()
 
-    def stop(self) -> None:
-        stop_process(self.proc)
+    def stop(self) -> Optional[int]:
+        """SIGTERM, then SIGKILL after 10 s; returns the exit status."""
+        return stop_process(self.proc)
 
 
 def csrf_token(session: requests.Session, url: str) -> str:

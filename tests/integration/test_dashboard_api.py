@@ -182,6 +182,16 @@ def test_a_worker_is_busy_then_stopping_then_unreachable(zq_worker, dashboards):
     wait_for(lambda: state() == "unreachable", what="the stopped worker unreachable")
 
 
+def test_help_names_every_option_and_sigterm_stops_it_cleanly(zq_worker):
+    shown = subprocess.run([sys.executable, "-m", "zqsync", "dashboard", "--help"], capture_output=True, text=True,
+                           timeout=60)
+    for option in ("--bind", "--token-file", "--metrics-url", "--interval", "--curve-server-key", "--curve-secret-key"):
+        assert option in shown.stdout
+    dashboard = Dashboard([zq_worker(TASKS).endpoint])
+    assert requests.get(dashboard.url + "/api/state", timeout=10).status_code == 200
+    assert dashboard.stop() == 0, dashboard.output()
+
+
 def test_bad_bind_is_a_clear_error():
     result = subprocess.run([sys.executable, "-m", "zqsync", "dashboard", "tcp://127.0.0.1:5555", "--bind", "8008"],
                             capture_output=True, text=True, timeout=60)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import Optional
+
+import gevent
 
 from ..wire.curve import Curve
 
@@ -17,7 +20,7 @@ log = logging.getLogger(__name__)
 def serve(endpoints: list[str], *, host: str = "127.0.0.1", port: int = 8008, token: Optional[str] = None,
           curve: Optional[Curve] = None, metrics_url: Optional[str] = None, interval: float = 1.0,
           ready: Optional[str] = None) -> None:
-    """Poll ``endpoints`` and serve the dashboard on ``host:port`` until interrupted (blocks).
+    """Poll ``endpoints`` and serve the dashboard on ``host:port`` until SIGTERM or SIGINT (blocks).
 
     :param token: the login token; required when ``host`` is not loopback.
     :param interval: seconds between polls of each worker's ``zqsync.stats``.
@@ -40,6 +43,8 @@ def serve(endpoints: list[str], *, host: str = "127.0.0.1", port: int = 8008, to
             handle.write(url)
         os.replace(ready + ".tmp", ready)
     fleet.start()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, server.stop)
     try:
         server.serve_forever()
     finally:
