@@ -70,7 +70,6 @@ def create_app(fleet: Fleet, *, token: Optional[str] = None, metrics_url: Option
     app = Flask(__name__)
     app.config.update(SECRET_KEY=secrets.token_bytes(32), SESSION_COOKIE_HTTPONLY=True,
                       SESSION_COOKIE_SAMESITE="Strict")
-    app.extensions["zqsync_fleet"] = fleet
     _guard(app, token)
     _pages(app, fleet, token, metrics_url)
     _api(app, fleet)
