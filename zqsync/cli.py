@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job(commands, common, curve_client)
     _add_stats(commands, common, curve_client)
     _add_ping(commands, common, curve_client)
+    _add_dashboard(commands, common, curve_client)
     _add_keygen(commands, common)
     _add_demo(commands, common)
     _add_bench(commands, common)
@@ -279,6 +280,25 @@ def _add_ping(commands: Any, common: argparse.ArgumentParser, curve_client: argp
     ping.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
     ping.add_argument("--timeout", type=_timeout, default=1.0, help="seconds to wait for the pong (default: 1)")
     ping.set_defaults(handler=cmd_ping)
+
+
+def _add_dashboard(commands: Any, common: argparse.ArgumentParser, curve_client: argparse.ArgumentParser) -> None:
+    """``zqsync dashboard``: the fleet's web page."""
+    dashboard = commands.add_parser(
+        "dashboard", parents=[common, curve_client], help="serve a web page showing and steering the workers",
+        description="Serve a web page (Flask under gevent; needs the web extra) with each worker's state, "
+        "throughput and latency charts, and its journal: dead jobs, lookup by id, requeue, cancel, purge. "
+        "It only makes the workers' admin calls; it stores nothing. It binds loopback unless given "
+        "--token-file, whose token the page then asks for.",
+    )
+    dashboard.add_argument("endpoints", metavar="ENDPOINT", nargs="+", help="worker base endpoints, e.g. tcp://127.0.0.1:5555")
+    dashboard.add_argument("--bind", default="127.0.0.1:8008", metavar="HOST:PORT",
+                           help="address to serve on (default: 127.0.0.1:8008; port 0 picks a free one)")
+    dashboard.add_argument("--token-file", metavar="FILE", help="file holding the login token; required off loopback")
+    dashboard.add_argument("--metrics-url", metavar="URL", help="the Prometheus endpoint to link to from the page")
+    dashboard.add_argument("--interval", type=_seconds, default=1.0, help="seconds between polls of each worker (default: 1)")
+    dashboard.add_argument("--ready-file", metavar="FILE", help="write the page's URL into FILE once listening")
+    dashboard.set_defaults(handler=cmd_dashboard)
 
 
 def _add_keygen(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -536,14 +556,18 @@ def _purge(journal: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace, endpoints: Any = None) -> Any:
-    from .client.client import Client
+def _curve(args: argparse.Namespace) -> Any:
     from .wire.curve import Curve
 
     if bool(args.curve_server_key) != bool(args.curve_secret_key):
         raise SystemExit(f"zqsync {args.command}: --curve-server-key and --curve-secret-key go together")
-    curve = Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
-    return Client(endpoints or args.endpoint, curve=curve)
+    return Curve.from_files(args.curve_server_key, args.curve_secret_key) if args.curve_server_key else None
+
+
+def _client(args: argparse.Namespace, endpoints: Any = None) -> Any:
+    from .client.client import Client
+
+    return Client(endpoints or args.endpoint, curve=_curve(args))
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
@@ -601,14 +625,17 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    """``zqsync stats``: print a live worker's counters. :raises ZqsyncError: no answer in time."""
+    """``zqsync stats``: print a live worker's counters (a prefork worker's summed over its children).
+
+    :raises ZqsyncError: no answer in time.
+    """
     with _client(args) as client:
         stats = client.call_with_options("zqsync.stats", timeout=args.timeout)
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
-    print(f"worker pid {stats['pid']}, up {stats['uptime']:.0f} s, tasks: {', '.join(stats['tasks'])}")
-    for group in ("jobs", "confirmed", "calls"):
+    _print_header(stats)
+    for group in ("jobs", "plain", "confirmed", "calls"):
         fields = {key[len(group) + 1:]: value for key, value in stats.items() if key.startswith(group + "_")}
         print(f"  {group:10} " + "  ".join(f"{key} {value}" for key, value in fields.items()))
     print(f"  {'other':10} in_flight {stats['in_flight']}  dropped: malformed {stats['malformed']}  "
@@ -641,6 +668,56 @@ def cmd_ping(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - started
     print(f"pong from {args.endpoint} in {elapsed * 1e3:.1f} ms")
     return 0
+
+
+def _bind(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise SystemExit(f"zqsync dashboard: --bind must be HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _token(path: Optional[str]) -> Optional[str]:
+    if path is None:
+        return None
+    with open(path) as handle:
+        token = handle.read().strip()
+    if len(token) < 16:
+        raise SystemExit(f"zqsync dashboard: the token in {path} is shorter than 16 characters")
+    return token
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """``zqsync dashboard``: serve the page until interrupted. :raises ConfigurationError: off loopback without a token."""
+    try:
+        import flask  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"zqsync dashboard needs the web extra (pip install 'zqsync[web]'): {exc}") from exc
+    from .dashboard import serve
+
+    host, port = _bind(args.bind)
+    serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
+          metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
+    return 0
+
+
+def _print_header(stats: dict[str, Any]) -> None:
+    tasks = ", ".join(stats["tasks"])
+    supervisor = stats.get("supervisor")
+    if supervisor is None:
+        print(f"worker pid {stats['pid']}, up {stats['uptime']:.0f} s, tasks: {tasks}")
+        return
+    print(f"prefork worker: supervisor pid {supervisor.get('pid')}, up {supervisor.get('uptime', 0):.0f} s, "
+          f"{len(stats['children'])} children ({stats['unreachable']} unreachable), "
+          f"{supervisor.get('restarts', 0)} restarts, tasks: {tasks}; totals:")
+    for child in stats["children"]:
+        if child["state"] == "unreachable":
+            print(f"  child pid {child['pid']}: unreachable")
+            continue
+        counters = child["counters"]
+        print(f"  child pid {child['pid']}: {child['state']}, up {child['uptime']:.0f} s, in_flight "
+              f"{child['in_flight']}, jobs succeeded {counters.get('jobs_succeeded', 0)}, "
+              f"calls succeeded {counters.get('calls_succeeded', 0)}")
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

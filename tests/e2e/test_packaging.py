@@ -26,6 +26,10 @@ def test_wheel_has_license_py_typed_classifiers_and_the_package_version(root, tm
         (license_name,) = [name for name in names if ".dist-info/" in name and name.endswith("LICENSE")]
         license_text = archive.read(license_name).decode()
     assert "zqsync/py.typed" in names
+    # The dashboard serves its page and its vendored chart library (with its licence) from the package.
+    for served in ("templates/index.html", "templates/login.html", "static/dashboard.js", "static/uPlot.iife.min.js",
+                   "static/uPlot.min.css", "static/uPlot.LICENSE"):
+        assert f"zqsync/dashboard/{served}" in names
     assert license_text.startswith("MIT License") and "Copyright (c) 2026 the zqsync authors" in license_text
     assert metadata["Version"] == zqsync.__version__
     assert "MIT" in (metadata["License-Expression"], metadata["License"])

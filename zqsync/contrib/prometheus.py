@@ -41,9 +41,10 @@ POOL_COUNTERS = ("opened", "reused", "discarded_poisoned", "discarded_full", "wa
                  "stale_replies", "forks_detected", "swept")
 POOL_GAUGES = ("open", "in_flight")
 #: Worker counter keys mirrored as counters; ``in_flight`` is a gauge.
-WORKER_COUNTERS = ("jobs_received", "jobs_succeeded", "jobs_failed", "jobs_retried", "jobs_dead",
-                   "confirmed_received", "confirmed_duplicates", "calls_received", "calls_succeeded",
-                   "calls_failed", "timed_out", "unknown_task", "malformed", "calls_expired", "jobs_expired")
+WORKER_COUNTERS = ("jobs_received", "plain_received", "jobs_replayed", "jobs_succeeded", "jobs_failed",
+                   "jobs_retried", "jobs_dead", "confirmed_received", "confirmed_accepted", "confirmed_duplicates",
+                   "calls_received", "calls_succeeded", "calls_failed", "timed_out", "unknown_task", "malformed",
+                   "calls_expired", "jobs_expired")
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 

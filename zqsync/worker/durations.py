@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from typing import Callable, Iterable, Mapping
 
 #: Most recent durations kept per task for percentiles.
 SAMPLE_SIZE = 2048
@@ -29,14 +29,26 @@ class Durations:
 
     def percentiles(self, quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, dict[str, float]]:
         """Per task (and ``"*"`` for all): ``{"count", "p50", "p90", "p99"}`` over the recent sample, seconds."""
-        result = {}
-        everything: list[float] = []
-        for task, sample in self._samples.items():
-            result[task] = _summary(sorted(sample), quantiles)
-            everything.extend(sample)
-        if everything:
-            result["*"] = _summary(sorted(everything), quantiles)
-        return result
+        return percentiles_of(self._samples, quantiles)
+
+    def samples(self) -> dict[str, list[float]]:
+        """The recent sample per task, seconds (a prefork child sends them to the child that merges stats)."""
+        return {task: list(sample) for task, sample in self._samples.items()}
+
+
+def percentiles_of(samples: Mapping[str, Iterable[float]],
+                   quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, dict[str, float]]:
+    """Per task (and ``"*"`` for all): ``{"count", "p50", ...}`` over ``samples`` (seconds per task)."""
+    result = {}
+    everything: list[float] = []
+    for task, sample in samples.items():
+        ordered = sorted(sample)
+        if ordered:
+            result[task] = _summary(ordered, quantiles)
+            everything.extend(ordered)
+    if everything:
+        result["*"] = _summary(sorted(everything), quantiles)
+    return result
 
 
 def _summary(ordered: list[float], quantiles: tuple[float, ...]) -> dict[str, float]:

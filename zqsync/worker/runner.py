@@ -28,11 +28,14 @@ log = logging.getLogger(__name__)
 
 COUNTERS = (
     "jobs_received",
+    "plain_received",
+    "jobs_replayed",
     "jobs_succeeded",
     "jobs_failed",
     "jobs_retried",
     "jobs_dead",
     "confirmed_received",
+    "confirmed_accepted",
     "confirmed_duplicates",
     "calls_received",
     "calls_succeeded",
@@ -89,6 +92,7 @@ class Runner:
             self._log.warning("malformed", "dropped a malformed job frame: %s", exc)
             return None
         self.counters["jobs_received"] += 1
+        self.counters["plain_received"] += 1
         task = self.registry.get(request.task)
         if task is None:
             self.counters["unknown_task"] += 1

@@ -205,6 +205,9 @@ class JobScheduler:
         except BaseException:
             self._backlog.release()
             raise
+        if existing is None:
+            self.runner.counters["jobs_received"] += 1
+            self.runner.counters["confirmed_accepted"] += 1
         if existing is None and not due:
             self._ready.put(Job(task, request, 0, True, admitted=True))
             return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False})
@@ -473,8 +476,11 @@ class JobScheduler:
         if task is None:  # claimed only for our tasks; a registry does not change while we run
             self._bury(row, f"UnknownTask: no task named {row.task!r}")
             return
-        what = "starting delayed job" if row.attempts == 0 and row.next_at else "replaying journaled job"
-        log.info("%s %s (%s), attempt %d", what, row.id, row.task, row.attempts + 1)
+        delayed = row.attempts == 0 and row.next_at
+        log.info("%s %s (%s), attempt %d", "starting delayed job" if delayed else "replaying journaled job",
+                 row.id, row.task, row.attempts + 1)
+        if not delayed:  # a delayed job was counted when accepted
+            self.runner.counters["jobs_replayed"] += 1
         self._backlog.acquire()
         self._ready.put(Job(task, request, row.attempts, True, admitted=True, alone=row.running > 0))
 

@@ -79,6 +79,7 @@ from .. import _common
 from ..errors import ConfigurationError, ProtocolError, WorkerShutdown, WorkerStopping
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
+from . import fleet
 from .auth import GeventAuthenticator
 from .binding import bind_pair
 from .queues import build_queues, yield_to_higher
@@ -193,6 +194,7 @@ class Worker:
         self._context: Optional[zmq.Context] = None
         self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
+        self._admin_socket: Optional[zmq.Socket] = None
 
     # -- sockets -----------------------------------------------------------
 
@@ -214,6 +216,7 @@ class Worker:
         if self.backend:
             self.jobs.connect(self.backend[0])
             self.rpc.connect(self.backend[1])
+            self._bind_admin(context)
             self.endpoint = self.scheduler.book.worker = self.bind_address
             return self.endpoint
         if self.allow_client_keys:
@@ -227,6 +230,14 @@ class Worker:
                                             curve_secret_key=self.curve_secret_key))
         self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
+
+    def _bind_admin(self, context: zmq.Context) -> None:
+        """Under a supervisor: answer siblings gathering the whole worker's stats (``fleet.py``)."""
+        assert self.backend is not None
+        self._admin_socket = context.socket(zmq.ROUTER)
+        self._admin_socket.bind(fleet.admin_endpoint(fleet.admin_dir(self.backend), os.getpid()))
+        self._sockets.append(self._admin_socket)
+        self._greenlets.append(gevent.spawn(fleet.serve_admin, self._admin_socket, self._report))
 
     def _watch_connections(self, sock: zmq.Socket, name: str) -> gevent.Greenlet:
         """Count TCP connections accepted and lost per socket: the peer-side view of client
@@ -440,6 +451,8 @@ class Worker:
             self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
+        if self._admin_socket is not None:
+            self._admin_socket.close(linger=0)
         self.watchdog.stop()
         if not self.backend:
             self.jobs.disable_monitor()
@@ -540,13 +553,49 @@ class Worker:
     # -- introspection -----------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters for ``zqsync.stats`` calls.
+        """Counters for ``zqsync.stats`` calls: this process's, or under a prefork supervisor the whole worker's.
 
-        :returns: the runner's counters (``jobs_*``, ``confirmed_*``,
-            ``calls_*``, ``timed_out``, ``unknown_task``, ``malformed``,
-            ``in_flight``; ``calls_expired`` and ``jobs_expired``: not started, past
-            their deadline; ``*_on_stop``: what a stop refused, discarded or killed),
-            ``pid``, ``uptime`` (seconds), ``tasks`` (names),
+        Standalone: :meth:`local_stats`. Under a supervisor, every child's
+        local stats gathered over their admin sockets (``fleet.py``; blocks
+        the calling greenlet up to ``fleet.GATHER_TIMEOUT``, 1.0 s, for a
+        child that does not answer) and merged:
+
+        - every counter of :meth:`local_stats` (``jobs_*``, ``plain_received``,
+          ``confirmed_*``, ``calls_*``, ``in_flight``, ...): the sum over the
+          children that answered;
+        - ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
+          seconds over the children's merged samples;
+        - ``identities_by_pid`` (summed), ``identities`` and ``clients`` (concatenated);
+        - ``pid``, ``uptime``, ``state`` and ``tasks``: those of the child that answered;
+        - ``supervisor``: ``{"pid", "started" (epoch seconds), "uptime" (seconds),
+          "processes" (configured), "restarts"}``;
+        - ``children``: one entry per child, sorted by pid: ``{"pid", "state",
+          "uptime", "in_flight", "counters": {its counters}, "durations"}``;
+          ``state`` is ``up``, ``busy`` (every slot taken), ``stopping`` or
+          ``unreachable`` (no answer within 1.0 s: its hub is blocked, or it is
+          stopped; then only ``pid`` and ``state`` are meaningful);
+        - ``unreachable``: how many children did not answer.
+        """
+        if not self.backend:
+            return self.local_stats()
+        directory = fleet.admin_dir(self.backend)
+        assert self._context is not None
+        reports = fleet.gather(self._context, directory, self._report())
+        return fleet.merge(reports, fleet.read_supervisor_file(directory))
+
+    def _report(self) -> dict[str, Any]:
+        return {"stats": self.local_stats(), "samples": self.runner.durations.samples()}
+
+    def _state(self) -> str:
+        if self._stopping:
+            return "stopping"
+        return "busy" if not self._slots.free_count() else "up"
+
+    def local_stats(self) -> dict[str, Any]:
+        """This process's counters.
+
+        :returns: the runner's counters (see below), ``pid``, ``uptime`` (seconds),
+            ``state`` (``up``, ``busy``: every slot taken, ``stopping``), ``tasks`` (names),
             ``identities_by_pid``: ``{client pid: distinct socket identities
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
             when the worker binds its own sockets, ``connections_jobs`` /
@@ -556,6 +605,16 @@ class Worker:
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
             per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks.
+
+        Job counters: ``jobs_received`` counts every job this process took in,
+        ``plain_received`` (on the jobs socket) plus ``confirmed_accepted``
+        (newly journaled; ``confirmed_received`` also counts duplicates and
+        refusals); ``jobs_replayed`` the journaled jobs it took over from a
+        process that is gone. Each ends as ``jobs_succeeded``, ``jobs_failed``
+        (``jobs_dead`` if it had retries), ``unknown_task`` or
+        ``jobs_discarded_on_stop``; ``jobs_retried`` counts failed attempts
+        run again. ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
+        (+ those in flight); ``timed_out`` counts both kinds.
         """
         by_pid: collections.Counter[str] = collections.Counter()
         for identity in self.identities:
@@ -565,6 +624,7 @@ class Worker:
             **self.runner.counters,
             "pid": os.getpid(),
             "uptime": time.time() - self.started_at,
+            "state": self._state(),
             "tasks": self.registry.names(),
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],

@@ -58,6 +58,7 @@ from .. import _common, settings
 from ..errors import ConfigurationError
 from .auth import start_thread_authenticator
 from .binding import bind_pair
+from .fleet import remove_admin_socket, write_supervisor_file
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,7 @@ class Supervisor:
         self._reloads = 0
         self._spawned = 0
         self._unclean_stops = 0  # children that exited non-zero during the stop, or were SIGKILLed
+        self._started = time.time()
 
     # -- proxies -----------------------------------------------------------
 
@@ -220,6 +222,8 @@ class Supervisor:
                 os._exit(status)
         child = self.children[pid] = _Child(slot, pid, ready_file)
         log.info("started worker child %d (pid %d)", slot, pid)
+        write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started,
+                                          "processes": self.processes, "restarts": self.restarts})
         return child
 
     def _reap(self) -> Optional[int]:
@@ -234,6 +238,7 @@ class Supervisor:
             child = self.children.pop(pid, None)
             if child is None:
                 continue
+            remove_admin_socket(self._dir, pid)
             if self.on_child_exit is not None:
                 self.on_child_exit(pid)
             code = os.waitstatus_to_exitcode(status)

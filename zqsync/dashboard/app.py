@@ -1,0 +1,209 @@
+"""``zqsync dashboard``: a Flask page over the workers' admin calls, served by gevent's WSGIServer.
+
+It keeps no database: the fleet view comes from polling ``zqsync.stats``
+(:mod:`zqsync.dashboard.fleet`), the journal views and actions from the
+``zqsync.jobs``/``job``/``requeue``/``cancel``/``purge`` calls, made when asked.
+
+Safety: it binds loopback unless given a token (:func:`check_bind`). With a
+token, every page and API call needs it: the login form stores it in the
+session cookie, or a script sends ``Authorization: Bearer TOKEN``. Every POST
+also needs the session's CSRF token in the ``X-CSRF-Token`` header. Without a
+token, a request naming another ``Host`` than loopback is refused (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import secrets
+from typing import Any, Optional
+
+from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
+
+from ..errors import ConfigurationError, ZqsyncError
+from .fleet import Fleet
+
+log = logging.getLogger(__name__)
+
+#: Seconds an admin call made for a page request may take.
+ADMIN_TIMEOUT = 5.0
+#: Views that need no token (the login form and the vendored static files).
+OPEN_VIEWS = ("login", "static")
+
+
+def check_bind(host: str, token: Optional[str]) -> None:
+    """Refuse to serve off loopback without a token.
+
+    :param host: the address to bind (``127.0.0.1``, ``::1``, ``localhost``, ``0.0.0.0``...).
+    :param token: the login token, or ``None``.
+    :raises ConfigurationError: ``host`` is not loopback and ``token`` is empty.
+    """
+    if not (token or _loopback(host)):
+        raise ConfigurationError(f"binding {host} (not loopback) needs --token-file: anyone who reaches the "
+                                 "page could requeue, cancel and purge jobs", setting="bind")
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address, without port) is ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(host: str) -> str:
+    """``HOST`` of a ``Host`` header ``HOST[:PORT]`` (``[V6]:PORT`` too)."""
+    if host.startswith("["):
+        return host[1:host.find("]")]
+    return host.rsplit(":", 1)[0]
+
+
+def create_app(fleet: Fleet, *, token: Optional[str] = None, metrics_url: Optional[str] = None) -> Flask:
+    """The dashboard's Flask app over ``fleet`` (which the caller starts and stops).
+
+    :param token: the secret the page asks for; ``None``: no login (loopback only).
+    :param metrics_url: the Prometheus endpoint to link to, if any.
+    """
+    app = Flask(__name__)
+    app.config.update(SECRET_KEY=secrets.token_bytes(32), SESSION_COOKIE_HTTPONLY=True,
+                      SESSION_COOKIE_SAMESITE="Strict")
+    _guard(app, token)
+    _pages(app, fleet, token, metrics_url)
+    _api(app, fleet)
+    return app
+
+
+def _guard(app: Flask, token: Optional[str]) -> None:
+    """Before each request: the token (if any) for every view but login; CSRF on every POST."""
+
+    @app.before_request
+    def check() -> Any:
+        # Without a token only loopback is served: refuse another Host name, which a page that
+        # re-pointed its own DNS name at 127.0.0.1 (DNS rebinding) would send.
+        if not token and not _loopback(_host_name(request.host)):
+            return jsonify(error=f"Host {request.host!r} is not loopback; serve off loopback with --token-file"), 403
+        if request.endpoint in OPEN_VIEWS:
+            return None
+        if token and not (session.get("authed") or _bearer_ok(token)):
+            if request.path.startswith("/api/"):
+                return jsonify(error="log in first: the dashboard needs its token"), 401
+            return redirect(url_for("login"))
+        if request.method == "POST" and not _bearer_ok(token):
+            sent, expected = request.headers.get("X-CSRF-Token", ""), session.get("csrf", "")
+            if not (expected and hmac.compare_digest(sent.encode(), expected.encode())):
+                return jsonify(error="missing or wrong CSRF token (X-CSRF-Token header)"), 403
+        return None
+
+
+def _bearer_ok(token: Optional[str]) -> bool:
+    sent = request.headers.get("Authorization", "")
+    return bool(token) and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+
+
+def _csrf() -> str:
+    if "csrf" not in session:
+        session["csrf"] = secrets.token_urlsafe(32)
+    return str(session["csrf"])
+
+
+def _pages(app: Flask, fleet: Fleet, token: Optional[str], metrics_url: Optional[str]) -> None:
+    @app.get("/")
+    def index() -> str:
+        return render_template("index.html", csrf=_csrf(), interval=fleet.interval, metrics_url=metrics_url,
+                               endpoints=[worker.endpoint for worker in fleet.workers])
+
+    @app.route("/login", methods=["GET", "POST"])
+    def login() -> Any:
+        if not token:
+            return redirect(url_for("index"))
+        if request.method == "POST":
+            if hmac.compare_digest(request.form.get("token", "").encode(), token.encode()):
+                session.clear()
+                session["authed"] = True
+                return redirect(url_for("index"))
+            log.warning("dashboard: a wrong token from %s", request.remote_addr)
+            return Response(render_template("login.html", wrong=True), status=403)
+        return render_template("login.html", wrong=False)
+
+
+def _api(app: Flask, fleet: Fleet) -> None:
+    @app.get("/api/state")
+    def state() -> Any:
+        return jsonify(workers=fleet.snapshot(), history=list(fleet.history), interval=fleet.interval)
+
+    @app.get("/api/jobs")
+    def jobs() -> Any:
+        endpoint = request.args.get("endpoint")
+        targets = [endpoint] if endpoint else [worker.endpoint for worker in fleet.workers]
+        state = request.args.get("state") or None
+        limit = request.args.get("limit", 50, type=int)
+        return jsonify(workers=[_answer(fleet, target, "zqsync.jobs", state=state, limit=limit) for target in targets])
+
+    @app.get("/api/job/<job_id>")
+    def job(job_id: str) -> Any:
+        answers = [_answer(fleet, worker.endpoint, "zqsync.job", job_id=job_id) for worker in fleet.workers]
+        found = [answer for answer in answers if answer.get("result", {}).get("state", "unknown") != "unknown"]
+        return jsonify(found=found, answers=answers), 200 if found else 404
+
+    @app.post("/api/requeue")
+    def requeue() -> Any:
+        body = _body()
+        ids = body.get("ids") or None
+        return _act(fleet, body, "zqsync.requeue", ids=ids, all_dead=not ids)
+
+    @app.post("/api/cancel")
+    def cancel() -> Any:
+        body = _body()
+        return _act(fleet, body, "zqsync.cancel", job_id=_text(body, "id"))
+
+    @app.post("/api/purge")
+    def purge() -> Any:
+        body = _body()
+        older_than = body.get("older_than", 86400.0)
+        if not isinstance(older_than, (int, float)) or isinstance(older_than, bool) or older_than < 0:
+            abort(_bad("older_than must be a number of seconds >= 0"))
+        return _act(fleet, body, "zqsync.purge", states=["dead"], older_than=float(older_than))
+
+
+def _body() -> dict[str, Any]:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        abort(_bad("send a JSON object"))
+    return body
+
+
+def _text(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        abort(_bad(f"{key} must be a non-empty string"))
+    return value
+
+
+def _bad(message: str) -> Response:
+    response = jsonify(error=message)
+    response.status_code = 400
+    return response
+
+
+def _act(fleet: Fleet, body: dict[str, Any], call: str, **kwargs: Any) -> Any:
+    """Run an action's admin call on the worker named by ``body["endpoint"]``; 502 if it failed."""
+    answer = _answer(fleet, _text(body, "endpoint"), call, **kwargs)
+    log.info("dashboard: %s on %s by %s: %s", call, answer["endpoint"], request.remote_addr,
+             answer.get("error") or answer["result"])
+    return jsonify(answer), 502 if "error" in answer else 200
+
+
+def _answer(fleet: Fleet, endpoint: str, call: str, **kwargs: Any) -> dict[str, Any]:
+    """``{"endpoint", "result"}`` or ``{"endpoint", "error"}`` of one admin call; 404 for an unknown endpoint."""
+    try:
+        client = fleet.worker(endpoint).client
+    except KeyError:
+        abort(Response(f"unknown endpoint {endpoint!r}", status=404))
+    try:
+        return {"endpoint": endpoint, "result": client.call_with_options(call, kwargs=kwargs, timeout=ADMIN_TIMEOUT)}
+    except ZqsyncError as exc:
+        text, name = str(exc), type(exc).__name__
+        return {"endpoint": endpoint, "error": text if text.startswith(name) else f"{name}: {text}"}
