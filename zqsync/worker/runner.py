@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import gevent
 
-from ..errors import DeadlineExpired, NoJournal, ProtocolError, TimeLimitExceeded, UnknownTask
+from ..errors import DeadlineExpired, NoJournal, ProtocolError, RemoteError, TimeLimitExceeded, UnknownTask
 from ..logs import RateLimitedLog
 from ..wire import envelope
 from .durations import Durations
@@ -254,7 +254,8 @@ class Runner:
                 return self._timed_out(task)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             # A task's sys.exit() or KeyboardInterrupt fails that task; it never stops the worker.
-            return False, (type(exc).__name__, str(exc), traceback.format_exc()), exc
+            message = exc.remote_message if isinstance(exc, RemoteError) else str(exc)  # not "Type: Type: ..."
+            return False, (type(exc).__name__, message, traceback.format_exc()), exc
         finally:
             if self.watchdog is not None:
                 self.watchdog.leave()
