@@ -261,7 +261,7 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: arg
         "stats", parents=[common, curve_client], help="show a live worker's counters, task durations and pool stats",
         description="Ask a worker (over rpc) for its counters: jobs received, succeeded, failed and dropped, "
         "calls, tasks in flight, task duration percentiles, and the pools of the clients its tasks use. "
-        "Under --processes, the supervisor gathers every child's stats: totals, then one line per child.",
+        "Under --processes, the answer covers every child: totals, then one line per child.",
     )
     stats.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
