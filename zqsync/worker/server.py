@@ -170,6 +170,9 @@ class Worker:
         self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
         self._admin: Optional[zmq.Socket] = None
+        self._credits: Optional[zmq.Socket] = None
+        self._taken = gevent.event.Event()  # the work of the last credit was received and started
+        self._offering: list[gevent.Greenlet] = []
 
     # -- sockets -----------------------------------------------------------
 
@@ -192,6 +195,9 @@ class Worker:
             self.jobs.connect(self.backend[0])
             self.rpc.connect(self.backend[1])
             self._bind_admin(context)
+            self._credits = context.socket(zmq.PUSH)
+            self._credits.connect(f"ipc://{fleet.admin_dir(self.backend)}/credits")
+            self._sockets.append(self._credits)
             self.endpoint = self.bind_address
             return self.endpoint
         if self.allow_client_keys:
@@ -268,6 +274,9 @@ class Worker:
         self.watchdog.start()
         self.scheduler.start()
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
+        if self._credits is not None:
+            self._offering = [gevent.spawn(self._offer_work, self._credits)]
+            self._greenlets += self._offering
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
         where = f"behind the supervisor's {self.endpoint}" if self.backend else f"on {self.endpoint} (rpc on port +1)"
@@ -296,11 +305,28 @@ class Worker:
         if self.ready_file and self.endpoint:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
+    def _offer_work(self, credits: zmq.Socket) -> None:
+        """Under a supervisor: send one credit (``dispatch.py``) whenever a slot is free and the work
+        of the last one has started.
+
+        The receivers set ``_taken`` right after spawning that work, and gevent
+        runs callbacks in order, so the task's greenlet runs before this one
+        wakes: a task that blocks the hub from its start blocks the next credit too.
+        """
+        assert self.backend is not None
+        name = self.backend[0].encode()
+        while True:
+            self._slots.wait_available()
+            credits.send(name)
+            self._taken.wait()
+            self._taken.clear()
+
     def _receive_jobs(self) -> None:
         while True:
             self._slots.wait_available()
             frame = self.jobs.recv()
             self._slots.spawn(self.scheduler.run_plain, frame)
+            self._taken.set()
 
     def _receive_calls(self) -> None:
         # A call needs a task slot: spawning it waits for one, with the call in
@@ -324,6 +350,7 @@ class Worker:
                     self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
                 finally:
                     self._calls_waiting -= 1
+            self._taken.set()
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
@@ -369,7 +396,7 @@ class Worker:
         cold if another stop signal arrives meanwhile. Blocks the calling greenlet.
         """
         self._stopping = True
-        gevent.killall(self._receivers[:1])
+        gevent.killall(self._receivers[:1] + self._offering)
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()
         self._stop_taking_jobs()
@@ -387,8 +414,9 @@ class Worker:
             self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
-        if self._admin is not None:
-            self._admin.close(linger=0)
+        for sock in (self._admin, self._credits):
+            if sock is not None:
+                sock.close(linger=0)
         self.watchdog.stop()
         if not self.backend:
             self.jobs.disable_monitor()

@@ -1,0 +1,185 @@
+"""The prefork supervisor's router: each call and job goes to a child that asked for work.
+
+The load-balancing broker pattern. Every child has private ``ipc://``
+backends of its own, bound here: a PUSH for its jobs and a DEALER for its
+calls (and their replies). A child offers work by sending one *credit* (its
+jobs endpoint) to the shared credits socket when a task slot is free; it
+sends the next one only once the work it got has started (``server.py``).
+So a child whose hub is blocked (a task that never yields, a SIGSTOP) or
+whose slots are full gets nothing while a sibling is free, and the broker
+reads the public sockets only while some child has a credit: unrouted work
+waits in the public queues, where the clients' congestion control sees it.
+
+One native thread runs the loop and owns every socket; the supervisor's main
+thread asks it to act through :meth:`Dispatcher.call`. The supervisor still
+never imports gevent.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import zmq
+
+log = logging.getLogger(__name__)
+
+#: Seconds without a job after which the public jobs queue counts as drained.
+DRAIN_QUIET = 0.2
+
+
+class _Route:
+    __slots__ = ("jobs", "rpc", "open")
+
+    def __init__(self, jobs: zmq.Socket, rpc: zmq.Socket) -> None:
+        self.jobs, self.rpc, self.open = jobs, rpc, True
+
+
+class Dispatcher:
+    """Routes the public ``jobs_front`` (PULL) and ``rpc_front`` (ROUTER) sockets to children with credit.
+
+    :param context: the supervisor's context.
+    :param directory: where the private ``ipc://`` endpoints live.
+    :param jobs_front: the bound public jobs socket; from :meth:`start` on, only the loop uses it.
+    :param rpc_front: the bound public rpc socket; likewise.
+    """
+
+    def __init__(self, context: zmq.Context, directory: str, jobs_front: zmq.Socket, rpc_front: zmq.Socket) -> None:
+        self.context, self.directory = context, directory
+        self.jobs_front, self.rpc_front = jobs_front, rpc_front
+        self.credits = context.socket(zmq.PULL)
+        self.credits.bind(f"ipc://{directory}/credits")
+        self.routes: dict[bytes, _Route] = {}
+        self.ready: collections.deque[bytes] = collections.deque()
+        self.lost = 0
+        self.last_job = time.monotonic()
+        self._commands: queue.Queue = queue.Queue()
+        self._wake = context.socket(zmq.PAIR)
+        self._wake.bind(f"inproc://zqsync-dispatch-{id(self)}")
+        self._waker = context.socket(zmq.PAIR)
+        self._waker.connect(f"inproc://zqsync-dispatch-{id(self)}")
+        self._thread = threading.Thread(target=self._loop, name="zqsync-dispatch", daemon=True)
+        self._running = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
+        """Run ``fn(*args)`` in the loop's thread; blocks until it returns (at most ``timeout`` seconds)."""
+        future: Future = Future()
+        self._commands.put((fn, args, future))
+        self._waker.send(b"")
+        return future.result(timeout)
+
+    def stop(self) -> None:
+        """End the loop and close every socket it owns (the public ones too)."""
+        self.call(setattr, self, "_running", False)
+        self._thread.join(5.0)
+        self._waker.close(linger=0)
+
+    # -- run in the loop's thread (through call) -----------------------------
+
+    def add_child(self, name: str) -> tuple[str, str]:
+        """Bind the backends of a new child; returns its ``(jobs, rpc)`` endpoints."""
+        endpoints = (f"ipc://{self.directory}/jobs-{name}", f"ipc://{self.directory}/rpc-{name}")
+        jobs, rpc = self.context.socket(zmq.PUSH), self.context.socket(zmq.DEALER)
+        for sock, endpoint in ((jobs, endpoints[0]), (rpc, endpoints[1])):
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.bind(endpoint)
+        self.routes[endpoints[0].encode()] = _Route(jobs, rpc)
+        return endpoints
+
+    def close_child(self, jobs_endpoint: str) -> None:
+        """Route no more work to this child (it is retiring); its replies still flow."""
+        route = self.routes.get(jobs_endpoint.encode())
+        if route is not None:
+            route.open = False
+
+    def remove_child(self, jobs_endpoint: str) -> None:
+        """Forget an exited child and close its backends."""
+        route = self.routes.pop(jobs_endpoint.encode(), None)
+        if route is not None:
+            route.jobs.close()
+            route.rpc.close()
+
+    def stop_jobs(self, endpoint: str) -> None:
+        """Unbind the public jobs endpoint; the jobs already queued in it are still routed."""
+        self.jobs_front.unbind(endpoint)
+        self.last_job = time.monotonic()
+
+    def jobs_drained(self) -> bool:
+        """Whether the public jobs queue has been quiet for ``DRAIN_QUIET`` seconds."""
+        return time.monotonic() - self.last_job > DRAIN_QUIET and not self.jobs_front.poll(0)
+
+    def discard_jobs(self) -> int:
+        """Read and drop what is left in the public jobs queue; returns how many."""
+        count = 0
+        while self.jobs_front.poll(0):
+            self.jobs_front.recv()
+            count += 1
+        return count
+
+    # -- the loop ------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._running:
+                self._turn()
+        finally:
+            for route in self.routes.values():
+                route.jobs.close()
+                route.rpc.close()
+            for sock in (self.credits, self._wake, self.jobs_front, self.rpc_front):
+                sock.close()
+
+    def _turn(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
+            poller.register(sock, zmq.POLLIN)
+        if self.ready:
+            poller.register(self.jobs_front, zmq.POLLIN)
+            poller.register(self.rpc_front, zmq.POLLIN)
+        events = dict(poller.poll(100))
+        if self._wake in events:
+            self._run_commands()
+        while self.credits.poll(0):
+            self.ready.append(self.credits.recv())
+        self.ready = collections.deque(name for name in self.ready if name in self.routes and self.routes[name].open)
+        for route in list(self.routes.values()):
+            if route.rpc in events:
+                self.rpc_front.send_multipart(route.rpc.recv_multipart())
+        if self.rpc_front in events and self.ready:
+            self._route(self.rpc_front.recv_multipart(), "rpc")
+        if self.jobs_front in events and self.ready:
+            self.last_job = time.monotonic()
+            self._route([self.jobs_front.recv()], "jobs")
+
+    def _route(self, frames: list[bytes], kind: str) -> None:
+        """Send ``frames`` to the child that offered first (``self.ready`` is not empty)."""
+        route = self.routes[self.ready.popleft()]
+        try:
+            getattr(route, kind).send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._drop(kind, "the child that asked for it is gone")
+
+    def _drop(self, kind: str, why: str) -> None:
+        self.lost += 1
+        log.warning("dropped a %s message: %s (%d dropped so far)", "job" if kind == "jobs" else "call", why, self.lost)
+
+    def _run_commands(self) -> None:
+        while self._wake.poll(0):
+            self._wake.recv()
+        while True:
+            try:
+                fn, args, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
