@@ -2,13 +2,19 @@
 
 The load-balancing broker pattern. Every child has private ``ipc://``
 backends of its own, bound here: a PUSH for its jobs and a DEALER for its
-calls (and their replies). A child offers work by sending one *credit* (its
-jobs endpoint) to the shared credits socket when a task slot is free; it
-sends the next one only once the work it got has started (``server.py``).
-So a child whose hub is blocked (a task that never yields, a SIGSTOP) or
-whose slots are full gets nothing while a sibling is free, and the broker
-reads the public sockets only while some child has a credit: unrouted work
-waits in the public queues, where the clients' congestion control sees it.
+calls (and their replies). A child offers work by sending one *credit*
+(its jobs endpoint and ``slot``) to the shared credits socket when a task
+slot is free; it sends the next one only once the work it got has started
+(``server.py``). So a child whose hub is blocked (a task that never yields,
+a SIGSTOP) or whose slots are full gets nothing while a sibling is free,
+and the broker reads the public sockets only while some child has a
+credit: unrouted work waits in the public queues, where the clients'
+congestion control sees it. Confirmed jobs need no task slot, only to be
+journaled, so they travel on ``admit`` credits, which a child offers while
+it can admit one; the broker reads each rpc message's ``kind`` to choose.
+An rpc message that has no credit of its kind yet is held, and the public
+rpc socket is not read until it is routed (as a standalone worker stops
+receiving while a call waits for a slot).
 
 One native thread runs the loop and owns every socket; the supervisor's main
 thread asks it to act through :meth:`Dispatcher.call`. The supervisor still
@@ -23,14 +29,16 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import msgpack
 import zmq
 
 log = logging.getLogger(__name__)
 
 #: Seconds without a job after which the public jobs queue counts as drained.
 DRAIN_QUIET = 0.2
+SLOT, ADMIT = b"slot", b"admit"
 
 
 class _Route:
@@ -38,6 +46,13 @@ class _Route:
 
     def __init__(self, jobs: zmq.Socket, rpc: zmq.Socket) -> None:
         self.jobs, self.rpc, self.open = jobs, rpc, True
+
+
+class _Closed:
+    open = False
+
+
+_CLOSED = _Closed()
 
 
 class Dispatcher:
@@ -55,7 +70,8 @@ class Dispatcher:
         self.credits = context.socket(zmq.PULL)
         self.credits.bind(f"ipc://{directory}/credits")
         self.routes: dict[bytes, _Route] = {}
-        self.ready: collections.deque[bytes] = collections.deque()
+        self.ready: dict[bytes, collections.deque[bytes]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
+        self.held: Optional[tuple[bytes, list[bytes]]] = None  # (credit kind, rpc frames) awaiting a credit
         self.lost = 0
         self.last_job = time.monotonic()
         self._commands: queue.Queue = queue.Queue()
@@ -138,34 +154,50 @@ class Dispatcher:
                 sock.close()
 
     def _turn(self) -> None:
+        slot, admit = self.ready[SLOT], self.ready[ADMIT]
         poller = zmq.Poller()
         for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
             poller.register(sock, zmq.POLLIN)
-        if self.ready:
+        if slot:
             poller.register(self.jobs_front, zmq.POLLIN)
+        if self.held is None and (slot or admit):
             poller.register(self.rpc_front, zmq.POLLIN)
         events = dict(poller.poll(100))
         if self._wake in events:
             self._run_commands()
-        while self.credits.poll(0):
-            self.ready.append(self.credits.recv())
-        self.ready = collections.deque(name for name in self.ready if name in self.routes and self.routes[name].open)
+        self._read_credits()
         for route in list(self.routes.values()):
             if route.rpc in events:
                 self.rpc_front.send_multipart(route.rpc.recv_multipart())
-        if self.rpc_front in events and self.ready:
-            self._route(self.rpc_front.recv_multipart(), "rpc")
-        if self.jobs_front in events and self.ready:
+        if self.held is not None and self.ready[self.held[0]]:
+            self._route(self.held[1], "rpc", self.held[0])
+            self.held = None
+        if self.rpc_front in events and self.held is None:
+            frames = self.rpc_front.recv_multipart()
+            kind = credit_kind(frames[-1])
+            if self.ready[kind]:
+                self._route(frames, "rpc", kind)
+            else:
+                self.held = (kind, frames)
+        if self.jobs_front in events and self.ready[SLOT]:
             self.last_job = time.monotonic()
-            self._route([self.jobs_front.recv()], "jobs")
+            self._route([self.jobs_front.recv()], "jobs", SLOT)
 
-    def _route(self, frames: list[bytes], kind: str) -> None:
-        """Send ``frames`` to the child that offered first (``self.ready`` is not empty)."""
-        route = self.routes[self.ready.popleft()]
+    def _read_credits(self) -> None:
+        """Queue the credits that arrived; drop those of children that are closed or gone."""
+        while self.credits.poll(0):
+            name, kind = self.credits.recv_multipart()
+            self.ready[kind].append(name)
+        for kind, names in self.ready.items():
+            self.ready[kind] = collections.deque(name for name in names if self.routes.get(name, _CLOSED).open)
+
+    def _route(self, frames: list[bytes], socket: str, kind: bytes) -> None:
+        """Send ``frames`` to the child that offered a ``kind`` credit first (there is one)."""
+        route = self.routes[self.ready[kind].popleft()]
         try:
-            getattr(route, kind).send_multipart(frames, zmq.NOBLOCK)
+            getattr(route, socket).send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
-            self._drop(kind, "the child that asked for it is gone")
+            self._drop(socket, "the child that asked for it is gone")
 
     def _drop(self, kind: str, why: str) -> None:
         self.lost += 1
@@ -183,3 +215,12 @@ class Dispatcher:
                 future.set_result(fn(*args))
             except BaseException as exc:
                 future.set_exception(exc)
+
+
+def credit_kind(body: bytes) -> bytes:
+    """``ADMIT`` for a confirmed job, ``SLOT`` for anything else (a malformed body too: its child answers it)."""
+    try:
+        kind = msgpack.unpackb(body, raw=False, max_bin_len=len(body), max_str_len=len(body)).get("kind")
+    except Exception:  # msgpack raises several unrelated types on bad input
+        return SLOT
+    return ADMIT if kind == "confirm" else SLOT

@@ -71,6 +71,7 @@ from ..wire.envelope import encode_error
 from . import fleet
 from .auth import GeventAuthenticator
 from .binding import bind_pair
+from .dispatch import ADMIT, SLOT, credit_kind
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
@@ -171,7 +172,8 @@ class Worker:
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
         self._admin: Optional[zmq.Socket] = None
         self._credits: Optional[zmq.Socket] = None
-        self._taken = gevent.event.Event()  # the work of the last credit was received and started
+        # Set when the work of the last slot / admit credit was received and started (dispatch.py).
+        self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
         self._offering: list[gevent.Greenlet] = []
 
     # -- sockets -----------------------------------------------------------
@@ -275,7 +277,8 @@ class Worker:
         self.scheduler.start()
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         if self._credits is not None:
-            self._offering = [gevent.spawn(self._offer_work, self._credits)]
+            self._offering = [gevent.spawn(self._offer_work, self._credits, SLOT, self._slots),
+                              gevent.spawn(self._offer_work, self._credits, ADMIT, self._admissions)]
             self._greenlets += self._offering
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
@@ -305,28 +308,28 @@ class Worker:
         if self.ready_file and self.endpoint:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
-    def _offer_work(self, credits: zmq.Socket) -> None:
-        """Under a supervisor: send one credit (``dispatch.py``) whenever a slot is free and the work
-        of the last one has started.
+    def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: gevent.pool.Pool) -> None:
+        """Under a supervisor: send one ``kind`` credit (``dispatch.py``) whenever ``pool`` has room
+        and the work of the last one has started.
 
-        The receivers set ``_taken`` right after spawning that work, and gevent
-        runs callbacks in order, so the task's greenlet runs before this one
-        wakes: a task that blocks the hub from its start blocks the next credit too.
+        The receivers set ``_taken[kind]`` right after spawning that work, and
+        gevent runs callbacks in order, so the task's greenlet runs before this
+        one wakes: a task that blocks the hub from its start blocks the next credit too.
         """
         assert self.backend is not None
-        name = self.backend[0].encode()
+        name, taken = self.backend[0].encode(), self._taken[kind]
         while True:
-            self._slots.wait_available()
-            credits.send(name)
-            self._taken.wait()
-            self._taken.clear()
+            pool.wait_available()
+            credits.send_multipart([name, kind])
+            taken.wait()
+            taken.clear()
 
     def _receive_jobs(self) -> None:
         while True:
             self._slots.wait_available()
             frame = self.jobs.recv()
             self._slots.spawn(self.scheduler.run_plain, frame)
-            self._taken.set()
+            self._taken[SLOT].set()
 
     def _receive_calls(self) -> None:
         # A call needs a task slot: spawning it waits for one, with the call in
@@ -338,19 +341,23 @@ class Worker:
             envelope = frames[: self._envelope]
             self._note_identity(envelope[-1])
             decoded = self._decode(frames)
-            if isinstance(decoded, bytes):
-                self._reply(envelope, decoded)
-            elif self._stopping:
-                self._refuse(envelope, decoded[0])
-            elif decoded[0].kind == "confirm":
-                self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
-            else:
-                self._calls_waiting += 1  # spawning waits for a free slot
-                try:
-                    self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
-                finally:
-                    self._calls_waiting -= 1
-            self._taken.set()
+            self._receive_call(envelope, decoded)
+            if self.backend:
+                self._taken[credit_kind(frames[-1])].set()  # the same rule as the supervisor's
+
+    def _receive_call(self, envelope: list[bytes], decoded: Any) -> None:
+        if isinstance(decoded, bytes):
+            self._reply(envelope, decoded)
+        elif self._stopping:
+            self._refuse(envelope, decoded[0])
+        elif decoded[0].kind == "confirm":
+            self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
+        else:
+            self._calls_waiting += 1  # spawning waits for a free slot
+            try:
+                self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, *decoded))
+            finally:
+                self._calls_waiting -= 1
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
