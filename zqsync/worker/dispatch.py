@@ -115,6 +115,7 @@ class Dispatcher:
         route = self.routes.get(jobs_endpoint.encode())
         if route is not None:
             route.open = False
+        self._forget_credits()
 
     def remove_child(self, jobs_endpoint: str) -> None:
         """Forget an exited child and close its backends."""
@@ -122,6 +123,7 @@ class Dispatcher:
         if route is not None:
             route.jobs.close()
             route.rpc.close()
+        self._forget_credits()
 
     def stop_jobs(self, endpoint: str) -> None:
         """Unbind the public jobs endpoint; the jobs already queued in it are still routed."""
@@ -154,40 +156,55 @@ class Dispatcher:
                 sock.close()
 
     def _turn(self) -> None:
-        slot, admit = self.ready[SLOT], self.ready[ADMIT]
         poller = zmq.Poller()
         for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
             poller.register(sock, zmq.POLLIN)
-        if slot:
+        if self.ready[SLOT]:
             poller.register(self.jobs_front, zmq.POLLIN)
-        if self.held is None and (slot or admit):
+        if self.held is None and (self.ready[SLOT] or self.ready[ADMIT]):
             poller.register(self.rpc_front, zmq.POLLIN)
         events = dict(poller.poll(100))
         if self._wake in events:
             self._run_commands()
-        self._read_credits()
+        while self.credits.poll(0):
+            name, kind = self.credits.recv_multipart()
+            if self.routes.get(name, _CLOSED).open:
+                self.ready[kind].append(name)
         for route in list(self.routes.values()):
             if route.rpc in events:
                 self.rpc_front.send_multipart(route.rpc.recv_multipart())
-        if self.held is not None and self.ready[self.held[0]]:
-            self._route(self.held[1], "rpc", self.held[0])
-            self.held = None
-        if self.rpc_front in events and self.held is None:
-            frames = self.rpc_front.recv_multipart()
-            kind = credit_kind(frames[-1])
-            if self.ready[kind]:
-                self._route(frames, "rpc", kind)
-            else:
-                self.held = (kind, frames)
-        if self.jobs_front in events and self.ready[SLOT]:
-            self.last_job = time.monotonic()
-            self._route([self.jobs_front.recv()], "jobs", SLOT)
+        while self._route_call() | self._route_job():  # both, each round
+            pass
 
-    def _read_credits(self) -> None:
-        """Queue the credits that arrived; drop those of children that are closed or gone."""
-        while self.credits.poll(0):
-            name, kind = self.credits.recv_multipart()
-            self.ready[kind].append(name)
+    def _route_call(self) -> bool:
+        """Route the held rpc message, or the next one in the public queue; ``False`` if none moved."""
+        if self.held is None and (self.ready[SLOT] or self.ready[ADMIT]):
+            try:
+                frames = self.rpc_front.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            self.held = (credit_kind(frames[-1]), frames)
+        if self.held is None or not self.ready[self.held[0]]:
+            return False
+        kind, frames = self.held
+        self.held = None
+        self._route(frames, "rpc", kind)
+        return True
+
+    def _route_job(self) -> bool:
+        """Route the next job of the public queue if some child has a slot credit; ``False`` if none moved."""
+        if not self.ready[SLOT]:
+            return False
+        try:
+            frame = self.jobs_front.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self.last_job = time.monotonic()
+        self._route([frame], "jobs", SLOT)
+        return True
+
+    def _forget_credits(self) -> None:
+        """Drop the queued credits of children that are closed or gone."""
         for kind, names in self.ready.items():
             self.ready[kind] = collections.deque(name for name in names if self.routes.get(name, _CLOSED).open)
 

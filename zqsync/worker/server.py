@@ -5,9 +5,10 @@ busy worker stops draining its sockets, the high-water marks fill, and the
 clients' congestion control sees it.
 
 Standalone, the worker binds both sockets. As a child of a prefork
-supervisor (``supervisor.py``) it connects them to the supervisor's proxy
-backends instead, and rpc requests then carry the proxy's routing id in
-front of the client's.
+supervisor (``supervisor.py``) it connects them to its private backends
+instead (rpc requests then carry the supervisor's routing id in front of
+the client's), and asks for work: one credit when a slot is free
+(``dispatch.py``).
 
 Shutdown (gunicorn's arbiter model): signal handlers only record the signal;
 the main greenlet acts on it. TERM/INT is warm, in this order:
@@ -16,7 +17,7 @@ the main greenlet acts on it. TERM/INT is warm, in this order:
    closes the listener *and every client connection on it*, so clients
    that list several workers (``ZMQ_IMMEDIATE``) send to the others.
    Under a supervisor, the child reads its backend queue until it is quiet
-   (the supervisor has stopped its jobs proxy meanwhile) and disconnects.
+   (the supervisor routes nothing more to it meanwhile) and disconnects.
 2. Drain: the jobs already in the socket's queue stay readable after the
    unbind (measured: all of a full 1000-message queue, even seconds later,
    whatever the linger) and are read into memory.
@@ -438,7 +439,7 @@ class Worker:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(limit=DRAIN_LIMIT)  # the supervisor's jobs proxy is stopped meanwhile
+            self._drain_jobs(limit=DRAIN_LIMIT)  # the supervisor routes no more jobs here meanwhile
             self.jobs.disconnect(self.backend[0])
             where = "the supervisor"
         else:

@@ -1,33 +1,32 @@
 """Prefork supervisor: N worker children behind one public address (gunicorn's arbiter, for zqsync).
 
-The supervisor binds the public jobs (PULL) and rpc (ROUTER) sockets and runs
-pyzmq's own proxy device (``zmq.proxy_steerable``, in C, one native thread per
-proxy) to private ``ipc://`` backends: a PUSH that spreads jobs over the
-children's PULL sockets, and a DEALER that spreads calls over their ROUTER
-sockets and carries replies back. There is no Python broker loop.
+The supervisor binds the public jobs (PULL) and rpc (ROUTER) sockets, and
+a router thread (``dispatch.py``) gives each call and job to a child that
+offered a free slot, over that child's private ``ipc://`` backends (a PUSH
+to its PULL, a DEALER to its ROUTER that carries the replies back). A child
+whose hub is blocked, or whose slots are full, gets nothing while a sibling
+is free.
 
 The supervisor itself never imports gevent or the task module. Each child is
 forked, monkey-patches, imports the task module, and serves; so every child
 builds its own sockets and client pools.
 
 * Signal handlers only record signals; the main loop acts on them.
-* TERM/INT: warm shutdown. The jobs proxy is halted and the public jobs
-  endpoint unbound (clients that list other workers send there); the jobs
-  already queued in the public socket are handed to the children; then
+* TERM/INT: warm shutdown. The public jobs endpoint is unbound (clients
+  that list other workers send there); the children take the jobs already
+  queued in the public socket; then
   the children stop as standalone workers do (``server.py``): each reads
   its backend queue to the end, runs it and finishes in-flight tasks within
   ``graceful_timeout``, or counts and logs what it discards. A second TERM/INT, or QUIT: cold; the
   children are told to kill their tasks. Stragglers are SIGKILLed.
 * HUP: a rolling restart behind public sockets that stay bound. For each old
-  child in turn: start its replacement and wait until it is ready; stop the
-  jobs proxy (TERMINATE, and join its thread: nothing is forwarded after
-  that, and jobs wait in the public socket's queue); warm-stop the old child,
-  which reads its backend queue until it is quiet, disconnects and writes
-  ``<ready file>.drained``; then start the jobs proxy again. So every job the
-  proxy handed to the old child reaches it (and runs, or is counted as
-  discarded in its log). The jobs proxy is off for the drain, about 0.2 s
-  per child. Calls are not paused: the old child answers its in-flight calls
-  and refuses (``WorkerStopping``) the few that reach it before it closes.
+  child in turn: start its replacement and wait until it is ready; route
+  nothing more to the old child; warm-stop it: it reads its backend queue
+  (at most the one message its last credit asked for) until it is quiet,
+  disconnects and writes ``<ready file>.drained``. So every job routed to the
+  old child reaches it (and runs, or is counted as discarded in its log).
+  Nothing is paused: the siblings keep taking work, and the old child
+  answers its in-flight calls.
 * A child that dies after it booted is restarted, with exponential backoff
   for repeated crashes. A child that dies before it finished booting (say,
   an import error) at the supervisor's first start halts the supervisor with
