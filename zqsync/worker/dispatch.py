@@ -85,6 +85,11 @@ class Dispatcher:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the loop still runs (it ends only on :meth:`stop`, or on a bug, which it logs)."""
+        return self._thread.is_alive()
+
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
         """Run ``fn(*args)`` in the loop's thread; blocks until it returns (at most ``timeout`` seconds)."""
         future: Future = Future()
@@ -94,8 +99,9 @@ class Dispatcher:
 
     def stop(self) -> None:
         """End the loop and close every socket it owns (the public ones too)."""
-        self.call(setattr, self, "_running", False)
-        self._thread.join(5.0)
+        if self.alive:
+            self.call(setattr, self, "_running", False)
+            self._thread.join(5.0)
         self._waker.close(linger=0)
 
     # -- run in the loop's thread (through call) -----------------------------
@@ -148,6 +154,8 @@ class Dispatcher:
         try:
             while self._running:
                 self._turn()
+        except Exception:
+            log.exception("the prefork router failed")
         finally:
             for route in self.routes.values():
                 route.jobs.close()

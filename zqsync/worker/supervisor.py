@@ -335,6 +335,9 @@ class Supervisor:
             halt = self._reap() or self._check_boot()
             if halt is not None:
                 return halt
+            if self._dispatch is not None and not self._dispatch.alive:
+                log.error("the router thread died (see above): halting")
+                return 1
             now = time.monotonic()
             for slot, when in list(self._restart_at.items()):
                 if when <= now:
