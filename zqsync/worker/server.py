@@ -5,9 +5,10 @@ so a busy worker stops draining its jobs socket, the high-water mark fills,
 and the clients' congestion control sees it.
 
 Standalone, the worker binds both sockets. As a child of a prefork
-supervisor (``supervisor.py``) it connects them to the supervisor's proxy
-backends instead, and rpc requests then carry the proxy's routing id in
-front of the client's.
+supervisor (``supervisor.py``) it connects them to its private backends
+instead (rpc requests then carry the supervisor's routing id in front of
+the client's), and asks for work: one credit when a slot is free
+(``dispatch.py``).
 
 The worker's own ``zqsync.*`` calls (ping, stats) never wait for a task
 slot: they run in a greenlet of their own as soon as they are read. Calls
@@ -25,7 +26,7 @@ waits on a task. TERM/INT is warm, in this order:
    closes the listener *and every client connection on it*, so clients
    that list several workers (``ZMQ_IMMEDIATE``) send to the others.
    Under a supervisor, the child reads its backend queue until it is quiet
-   (the supervisor has stopped its jobs proxy meanwhile) and disconnects.
+   (the supervisor routes nothing more to it meanwhile) and disconnects.
 2. Drain: the jobs already in the socket's queue stay readable after the
    unbind (measured: all of a full 1000-message queue, even seconds later,
    whatever the linger) and are read into memory.
@@ -82,6 +83,7 @@ from ..wire.envelope import encode_error
 from . import fleet
 from .auth import GeventAuthenticator
 from .binding import bind_pair
+from .dispatch import ADMIN, ADMIT, SLOT, kind_of
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
@@ -195,6 +197,10 @@ class Worker:
         self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
         self._admin_socket: Optional[zmq.Socket] = None
+        self._credits: Optional[zmq.Socket] = None
+        # Set when the work of the last slot / admit credit was received and started (dispatch.py).
+        self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
+        self._offering: list[gevent.Greenlet] = []
 
     # -- sockets -----------------------------------------------------------
 
@@ -217,6 +223,9 @@ class Worker:
             self.jobs.connect(self.backend[0])
             self.rpc.connect(self.backend[1])
             self._bind_admin(context)
+            self._credits = context.socket(zmq.PUSH)
+            self._credits.connect(f"ipc://{fleet.admin_dir(self.backend)}/credits")
+            self._sockets.append(self._credits)
             self.endpoint = self.scheduler.book.worker = self.bind_address
             return self.endpoint
         if self.allow_client_keys:
@@ -308,6 +317,10 @@ class Worker:
         self._receivers += self._queue_receivers
         for queue in self.queues:
             log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
+        if self._credits is not None:
+            self._offering = [gevent.spawn(self._offer_work, self._credits, SLOT, self._slots),
+                              gevent.spawn(self._offer_work, self._credits, ADMIT, self._admissions)]
+            self._greenlets += self._offering
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
         where = f"behind the supervisor's {self.endpoint}" if self.backend else f"on {self.endpoint} (rpc on port +1)"
@@ -344,12 +357,29 @@ class Worker:
         if self.ready_file and self.endpoint:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
+    def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: gevent.pool.Pool) -> None:
+        """Under a supervisor: send one ``kind`` credit (``dispatch.py``) whenever ``pool`` has room
+        and the work of the last one has started.
+
+        The receivers set ``_taken[kind]`` right after spawning that work, and
+        gevent runs callbacks in order, so the task's greenlet runs before this
+        one wakes: a task that blocks the hub from its start blocks the next credit too.
+        """
+        assert self.backend is not None
+        name, taken = self.backend[0].encode(), self._taken[kind]
+        while True:
+            pool.wait_available()
+            credits.send_multipart([name, kind])
+            taken.wait()
+            taken.clear()
+
     def _receive_jobs(self) -> None:
         while True:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
             frame = self.jobs.recv()
             self._slots.spawn(self.scheduler.run_plain, frame)
+            self._taken[SLOT].set()
 
     def _receive_calls(self) -> None:
         # A call needs a task slot: it waits for one in a greenlet of its own
@@ -364,16 +394,25 @@ class Worker:
             envelope = frames[: self._envelope]
             self._note_identity(envelope[-1])
             decoded = self._decode(frames)
-            if isinstance(decoded, bytes):
-                self._reply(envelope, decoded)
-            elif self._stopping:
-                self._refuse(envelope, decoded[0])
-            elif decoded[0].kind == "confirm":
-                self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
-            elif self.runner.is_builtin(decoded[1]):
-                self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
-            else:
-                self._waiting.spawn(self._start_call, envelope, *decoded)
+            self._took(self._receive_call(envelope, decoded))
+
+    def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
+        """Start or answer one rpc message. Returns the credit it used (``dispatch.py``) if its start is
+        already under way, ``None`` if none (a standalone worker, the worker's own calls) or if
+        :meth:`_start_call` reports the start itself."""
+        kind = kind_of(decoded[0].kind, decoded[0].task) if self.backend and not isinstance(decoded, bytes) else SLOT
+        if isinstance(decoded, bytes):
+            self._reply(envelope, decoded)
+        elif self._stopping:
+            self._refuse(envelope, decoded[0])
+        elif decoded[0].kind == "confirm":
+            self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
+        elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
+            self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
+        else:
+            self._waiting.spawn(self._start_call, envelope, *decoded)
+            return None
+        return kind if self.backend and kind != ADMIN else None
 
     def _start_call(self, envelope: list[bytes], request: Any, task: Any) -> None:
         """Wait for a task slot and run the call in it; a stop that kills the wait refuses the call."""
@@ -381,6 +420,13 @@ class Worker:
             self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, request, task))
         except gevent.GreenletExit:
             self._refuse(envelope, request)
+        finally:
+            self._took(SLOT if self.backend else None)
+
+    def _took(self, kind: Optional[bytes]) -> None:
+        """The work of a ``kind`` credit has started: the next credit may go (:meth:`_offer_work`)."""
+        if kind is not None:
+            self._taken[kind].set()
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
@@ -427,7 +473,7 @@ class Worker:
         """
         self._stopping = True
         self.scheduler.book.close()
-        gevent.killall([*self._receivers[:1], *self._queue_receivers])
+        gevent.killall([*self._receivers[:1], *self._queue_receivers, *self._offering])
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()
         self._stop_taking_jobs()
@@ -451,8 +497,9 @@ class Worker:
             self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
-        if self._admin_socket is not None:
-            self._admin_socket.close(linger=0)
+        for sock in (self._admin_socket, self._credits):
+            if sock is not None:
+                sock.close(linger=0)
         self.watchdog.stop()
         if not self.backend:
             self.jobs.disable_monitor()
@@ -470,7 +517,7 @@ class Worker:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)  # the supervisor's jobs proxy is stopped meanwhile
+            self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more jobs here meanwhile
             self.jobs.disconnect(self.backend[0])
             where = "the supervisor"
         else:

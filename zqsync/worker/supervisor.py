@@ -1,19 +1,20 @@
 """Prefork supervisor: N worker children behind one public address (gunicorn's arbiter, for zqsync).
 
-The supervisor binds the public jobs (PULL) and rpc (ROUTER) sockets and runs
-pyzmq's own proxy device (``zmq.proxy_steerable``, in C, one native thread per
-proxy) to private ``ipc://`` backends: a PUSH that spreads jobs over the
-children's PULL sockets, and a DEALER that spreads calls over their ROUTER
-sockets and carries replies back. There is no Python broker loop.
+The supervisor binds the public jobs (PULL) and rpc (ROUTER) sockets, and
+a router thread (``dispatch.py``) gives each call and job to a child that
+offered a free slot, over that child's private ``ipc://`` backends (a PUSH
+to its PULL, a DEALER to its ROUTER that carries the replies back). A child
+whose hub is blocked, or whose slots are full, gets nothing while a sibling
+is free.
 
 The supervisor itself never imports gevent or the task module. Each child is
 forked, monkey-patches, imports the task module, and serves; so every child
 builds its own sockets and client pools.
 
 * Signal handlers only record signals; the main loop acts on them.
-* TERM/INT: warm shutdown. The jobs proxy is halted and the public jobs
-  endpoint unbound (clients that list other workers send there); the jobs
-  already queued in the public socket are handed to the children; then
+* TERM/INT: warm shutdown. The public jobs endpoint is unbound (clients
+  that list other workers send there); the children take the jobs already
+  queued in the public socket; then
   the children stop as standalone workers do (``server.py``): each reads
   its backend queue to the end, runs it and finishes in-flight tasks within
   ``graceful_timeout``, or counts and logs what it discards. A second TERM/INT, or QUIT: cold; the
@@ -22,15 +23,13 @@ builds its own sockets and client pools.
   first signal. The supervisor exits with status 1 if a child exited non-zero during the
   stop (it killed tasks) or had to be SIGKILLed.
 * HUP: a rolling restart behind public sockets that stay bound. For each old
-  child in turn: start its replacement and wait until it is ready; stop the
-  jobs proxy (TERMINATE, and join its thread: nothing is forwarded after
-  that, and jobs wait in the public socket's queue); warm-stop the old child,
-  which reads its backend queue until it is quiet, disconnects and writes
-  ``<ready file>.drained``; then start the jobs proxy again. So every job the
-  proxy handed to the old child reaches it (and runs, or is counted as
-  discarded in its log). The jobs proxy is off for the drain, about 0.2 s
-  per child. Calls are not paused: the old child answers its in-flight calls
-  and refuses (``WorkerStopping``) the few that reach it before it closes.
+  child in turn: start its replacement and wait until it is ready; route
+  nothing more to the old child; warm-stop it: it reads its backend queue
+  (at most the one message its last credit asked for) until it is quiet,
+  disconnects and writes ``<ready file>.drained``. So every job routed to the
+  old child reaches it (and runs, or is counted as discarded in its log).
+  Nothing is paused: the siblings keep taking work, and the old child
+  answers its in-flight calls.
 * A child that dies after it booted is restarted, with exponential backoff
   for repeated crashes. A child that dies before it finished booting (say,
   an import error) at the supervisor's first start halts the supervisor with
@@ -47,7 +46,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from functools import partial
 from typing import Any, Callable, Optional
@@ -58,6 +56,7 @@ from .. import _common, settings
 from ..errors import ConfigurationError
 from .auth import start_thread_authenticator
 from .binding import bind_pair
+from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
 
 log = logging.getLogger(__name__)
@@ -71,15 +70,13 @@ MAX_BACKOFF = 30.0
 
 #: Most seconds a rolling restart waits for an old child to drain its backend queue.
 DRAIN_TIMEOUT = 10.0
-#: Seconds without a message after which the public jobs queue counts as drained.
-DRAIN_QUIET = 0.2
 
 
 class _Child:
-    __slots__ = ("slot", "pid", "started", "ready_file", "booted", "retiring")
+    __slots__ = ("slot", "pid", "started", "ready_file", "backend", "booted", "retiring")
 
-    def __init__(self, slot: int, pid: int, ready_file: str) -> None:
-        self.slot, self.pid, self.ready_file = slot, pid, ready_file
+    def __init__(self, slot: int, pid: int, ready_file: str, backend: tuple[str, str]) -> None:
+        self.slot, self.pid, self.ready_file, self.backend = slot, pid, ready_file, backend
         self.started = time.monotonic()
         self.booted = False
         self.retiring = False
@@ -138,60 +135,29 @@ class Supervisor:
         self._booted_slots: set[int] = set()  # slots whose child booted at least once
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
-        self._sockets: dict[str, tuple[zmq.Socket, zmq.Socket]] = {}
-        self._proxies: dict[str, tuple[zmq.Socket, threading.Thread]] = {}
+        self._dispatch: Optional[Dispatcher] = None
         self._reloads = 0
         self._spawned = 0
         self._unclean_stops = 0  # children that exited non-zero during the stop, or were SIGKILLed
         self._started = time.time()
 
-    # -- proxies -----------------------------------------------------------
+    # -- dispatch ----------------------------------------------------------
 
-    def _start_proxies(self) -> tuple[str, str]:
+    def _start_dispatch(self) -> None:
         context = self._context = zmq.Context()
         jobs_front, rpc_front = context.socket(zmq.PULL), context.socket(zmq.ROUTER)
         if self.allow_client_keys:
             self._authenticator = start_thread_authenticator(context, self.allow_client_keys)
         self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address, curve_secret_key=self.curve_secret_key)
         self._jobs_endpoint = jobs_front.getsockopt_string(zmq.LAST_ENDPOINT)
-        backend = (f"ipc://{self._dir}/jobs", f"ipc://{self._dir}/rpc")
-        jobs_back, rpc_back = context.socket(zmq.PUSH), context.socket(zmq.DEALER)
-        jobs_back.bind(backend[0])
-        rpc_back.bind(backend[1])
-        self._sockets = {"jobs": (jobs_front, jobs_back), "rpc": (rpc_front, rpc_back)}
-        for name, pair in self._sockets.items():
-            for sock in pair:
-                sock.setsockopt(zmq.LINGER, 1000)
-            self._start_proxy(name)
-        return backend
+        for sock in (jobs_front, rpc_front):
+            sock.setsockopt(zmq.LINGER, 1000)
+        self._dispatch = Dispatcher(context, self._dir, jobs_front, rpc_front)
+        self._dispatch.start()
 
-    def _start_proxy(self, name: str) -> None:
-        """Run pyzmq's proxy between the ``name`` pair of sockets in a thread of its own."""
-        assert self._context is not None
-        control = self._context.socket(zmq.PAIR)
-        control.bind(f"inproc://control-{name}-{self._spawned}")
-        peer = self._context.socket(zmq.PAIR)
-        peer.connect(f"inproc://control-{name}-{self._spawned}")
-        self._spawned += 1
-        front, back = self._sockets[name]
-        thread = threading.Thread(target=_run_proxy, args=(front, back, peer), name=f"zqsync-proxy-{name}", daemon=True)
-        thread.start()
-        self._proxies[name] = (control, thread)
-
-    def _halt_proxy(self, name: str) -> None:
-        """Stop the ``name`` proxy and join its thread; its sockets stay open and bound.
-
-        The proxy forwards whole messages, so none is cut; after the join this
-        thread may use the sockets.
-        """
-        control, thread = self._proxies.pop(name)
-        control.send(b"TERMINATE")
-        thread.join(5.0)
-        control.close(linger=0)
-
-    def _stop_proxies(self) -> None:
-        for name in list(self._proxies):
-            self._halt_proxy(name)
+    def _stop_dispatch(self) -> None:
+        if self._dispatch is not None:
+            self._dispatch.stop()
         if self._authenticator is not None:
             self._authenticator.stop()
         if self._context is not None:
@@ -199,8 +165,10 @@ class Supervisor:
 
     # -- children ------------------------------------------------------------
 
-    def _spawn(self, slot: int, backend: tuple[str, str]) -> _Child:
+    def _spawn(self, slot: int) -> _Child:
+        assert self._dispatch is not None
         self._spawned += 1
+        backend = self._dispatch.call(self._dispatch.add_child, str(self._spawned))
         ready_file = os.path.join(self._dir, f"ready-{slot}-{self._spawned}")
         parent = os.getpid()
         pid = os.fork()
@@ -220,7 +188,7 @@ class Supervisor:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(status)
-        child = self.children[pid] = _Child(slot, pid, ready_file)
+        child = self.children[pid] = _Child(slot, pid, ready_file, backend)
         log.info("started worker child %d (pid %d)", slot, pid)
         write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started,
                                           "processes": self.processes, "restarts": self.restarts})
@@ -239,6 +207,7 @@ class Supervisor:
             if child is None:
                 continue
             remove_admin_socket(self._dir, pid)
+            self._forget(child)
             if self.on_child_exit is not None:
                 self.on_child_exit(pid)
             code = os.waitstatus_to_exitcode(status)
@@ -253,6 +222,11 @@ class Supervisor:
                 log.error("replacement worker child %d (pid %d) exited with status %s before it finished "
                           "booting; its siblings keep serving", child.slot, pid, code)
             self._schedule_restart(child, code)
+
+    def _forget(self, child: _Child) -> None:
+        """Close an exited child's backends."""
+        if self._dispatch is not None:
+            self._dispatch.call(self._dispatch.remove_child, child.backend[0])
 
     def _schedule_restart(self, child: _Child, code: int) -> None:
         if time.monotonic() - child.started >= STABLE_AFTER:
@@ -292,17 +266,17 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         try:
-            backend = self._start_proxies()
+            self._start_dispatch()
             for slot in range(self.processes):
-                self._spawn(slot, backend)
+                self._spawn(slot)
             log.info("zqsync supervisor pid %d: %d worker children behind %s", os.getpid(), self.processes, self.endpoint)
-            status = self._loop(backend)
+            status = self._loop()
             self._stop_children()
             self._kill_children()
             return status or (1 if self._unclean_stops else 0)
         finally:
             self._kill_children()
-            self._stop_proxies()
+            self._stop_dispatch()
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -311,7 +285,7 @@ class Supervisor:
     def _on_hup(self, signum: int, frame: Any) -> None:
         self._reloads += 1
 
-    def _reload(self, backend: tuple[str, str]) -> Optional[int]:
+    def _reload(self) -> Optional[int]:
         """Replace every child, one at a time (see the module docstring). Returns an exit status
         to halt with, or ``None``. Gives up early when a stop signal arrives."""
         old = [child for child in self.children.values() if not child.retiring]
@@ -319,7 +293,7 @@ class Supervisor:
         for child in old:
             if child.pid not in self.children:  # it exited meanwhile, and is being restarted
                 continue
-            fresh = self._spawn(child.slot, backend)
+            fresh = self._spawn(child.slot)
             halt = self._wait(partial(getattr, fresh, "booted"), self.boot_timeout)
             if halt is not None or not fresh.booted:
                 return halt
@@ -328,9 +302,10 @@ class Supervisor:
         return None
 
     def _retire(self, child: _Child) -> None:
-        """Warm-stop ``child`` with the jobs proxy off until it has drained its backend queue."""
+        """Route no more work to ``child``, then warm-stop it; waits until it has drained its backend queue."""
+        assert self._dispatch is not None
         child.retiring = True
-        self._halt_proxy("jobs")
+        self._dispatch.call(self._dispatch.close_child, child.backend[0])
         try:
             os.kill(child.pid, signal.SIGTERM)
             drained = f"{child.ready_file}.drained"
@@ -340,8 +315,6 @@ class Supervisor:
                             child.slot, child.pid, DRAIN_TIMEOUT)
         except ProcessLookupError:
             pass
-        finally:
-            self._start_proxy("jobs")
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> Optional[int]:
         """Supervise (reap, check boots) until ``done()``, a stop signal, or ``timeout`` seconds.
@@ -356,23 +329,26 @@ class Supervisor:
             time.sleep(0.02)
         return None
 
-    def _loop(self, backend: tuple[str, str]) -> int:
+    def _loop(self) -> int:
         announced = False
         while not self._signals:
             if self._reloads:
                 self._reloads = 0
-                halt = self._reload(backend)
+                halt = self._reload()
                 if halt is not None:
                     return halt
             halt = self._reap() or self._check_boot()
             if halt is not None:
                 return halt
+            if self._dispatch is not None and not self._dispatch.alive:
+                log.error("the router thread died (see above): halting")
+                return 1
             now = time.monotonic()
             for slot, when in list(self._restart_at.items()):
                 if when <= now:
                     del self._restart_at[slot]
                     self.restarts += 1
-                    self._spawn(slot, backend)
+                    self._spawn(slot)
             if not announced and len(self.children) >= self.processes and all(c.booted for c in self.children.values()):
                 announced = True
                 self._write_ready_file()
@@ -387,29 +363,25 @@ class Supervisor:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _stop_taking_jobs(self, cold: bool) -> None:
-        """Unbind the public jobs endpoint (clients listing other workers send there), then hand
-        the jobs already queued in it to the children (warm) or count them as discarded (cold,
-        or not handed over within ``graceful_timeout``). The jobs proxy must be halted."""
-        front, back = self._sockets["jobs"]
-        front.unbind(self._jobs_endpoint)
+        """Unbind the public jobs endpoint (clients listing other workers send there), then let the
+        children take the jobs already queued in it (warm), or count them as discarded (cold, or
+        not taken within ``graceful_timeout``)."""
+        dispatch = self._dispatch
+        assert dispatch is not None
+        dispatch.call(dispatch.stop_jobs, self._jobs_endpoint)
         deadline = time.monotonic() + self.graceful_timeout
         seen = len(self._signals)
-        forwarded = discarded = 0
-        while front.poll(int(DRAIN_QUIET * 1000)):
-            frame = front.recv()
-            cold = cold or len(self._signals) > seen
-            if not cold and back.poll(max(0, int((deadline - time.monotonic()) * 1000)), zmq.POLLOUT):
-                back.send(frame)
-                forwarded += 1
-            else:
-                discarded += 1
-        log.info("stopped taking jobs on %s; handed %d queued job(s) to the children", self._jobs_endpoint, forwarded)
+        while not (cold or len(self._signals) > seen) and time.monotonic() < deadline:
+            if dispatch.call(dispatch.jobs_drained):
+                break
+            time.sleep(0.02)
+        discarded = dispatch.call(dispatch.discard_jobs)
+        log.info("stopped taking jobs on %s; the children took the queued ones", self._jobs_endpoint)
         if discarded:
             log.warning("discarded %d queued plain jobs on shutdown (in the supervisor's queue)", discarded)
 
     def _stop_children(self) -> None:
         cold = signal.SIGQUIT in self._signals
-        self._halt_proxy("jobs")
         self._stop_taking_jobs(cold)
         self._signal_children(signal.SIGQUIT if cold else signal.SIGTERM)
         log.info("%s shutdown of %d worker children", "cold" if cold else "warm", len(self.children))
@@ -454,12 +426,3 @@ class Supervisor:
                 pass
         self.children.clear()
 
-
-def _run_proxy(front: zmq.Socket, back: zmq.Socket, control: zmq.Socket) -> None:
-    """Forward between ``front`` and ``back`` until TERMINATE on ``control``; the two sockets stay open."""
-    try:
-        zmq.proxy_steerable(front, back, None, control)
-    except zmq.ContextTerminated:
-        pass
-    finally:
-        control.close(linger=0)

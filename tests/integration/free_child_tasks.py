@@ -1,0 +1,28 @@
+"""Tasks for the prefork dispatch tests: one that blocks its child's hub, quick ones that say which child ran them."""
+
+from __future__ import annotations
+
+import os
+
+from tests.integration.blocking_tasks import spin
+from zqsync.worker import Registry
+
+registry = Registry()
+
+
+@registry.task
+def block(seconds):
+    """Burn CPU without yielding (no time limit), so this child's hub is blocked; returns its pid."""
+    spin(float(seconds))
+    return os.getpid()
+
+
+@registry.task
+def whoami():
+    return os.getpid()
+
+
+@registry.task
+def record(path):
+    with open(path, "a") as handle:
+        handle.write(f"{os.getpid()}\n")

@@ -1,0 +1,63 @@
+"""Prefork dispatch: with one child's hub blocked, every call and job goes to its free sibling, promptly."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import zqsync
+from tests.helpers import slack, wait_for
+
+TASKS = "tests.integration.free_child_tasks:registry"
+QUICK = 20
+BLOCK = 6.0
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def blocking_call(endpoint: str) -> int:
+    with zqsync.Client(endpoint, call_timeout=BLOCK * 4) as client:
+        return client.call("block", BLOCK)
+
+
+def with_one_child_blocked(zq_worker, tmp_path, quick):
+    """Start a 2-child prefork worker, block one child's hub with ``block``, then time ``quick(client)``.
+
+    Returns ``quick``'s result, its seconds, and the blocked child's pid.
+    """
+    args = ["--processes", "2", "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "5"]
+    worker = zq_worker(TASKS, extra_args=args, concurrency=4)
+    with zqsync.Client(worker.endpoint, call_timeout=BLOCK * 4) as client, ThreadPoolExecutor(1) as pool:
+        wait_for(lambda: len({client.call("whoami") for _ in range(10)}) == 2, what="both children to answer")
+        blocker = pool.submit(blocking_call, worker.endpoint)
+        time.sleep(0.5)  # the call reaches a child, whose hub then spins
+        assert not blocker.done()
+        started = time.monotonic()
+        result = quick(client)
+        seconds = time.monotonic() - started
+        return result, seconds, blocker.result(timeout=BLOCK * 4)
+
+
+def test_calls_go_to_the_free_child(zq_worker, tmp_path):
+    pids, seconds, blocked = with_one_child_blocked(
+        zq_worker, tmp_path, lambda client: [client.call("whoami") for _ in range(QUICK)])
+    print(f"{QUICK} quick calls with one child blocked: {seconds:.3f} s")
+    assert blocked not in pids
+    assert seconds < slack(BLOCK / 2), f"{QUICK} quick calls took {seconds:.1f} s: some waited for the blocked child"
+
+
+def test_jobs_go_to_the_free_child(zq_worker, tmp_path):
+    target = tmp_path / "ran"
+
+    def send_and_wait(client):
+        for _ in range(QUICK):
+            client.enqueue("record", str(target))
+        return wait_for(lambda: len(lines := target.read_text().split() if target.exists() else []) == QUICK
+                        and lines, timeout=BLOCK * 3, what=f"all {QUICK} jobs to run")
+
+    ran, seconds, blocked = with_one_child_blocked(zq_worker, tmp_path, send_and_wait)
+    print(f"{QUICK} quick jobs with one child blocked: {seconds:.3f} s")
+    assert str(blocked) not in ran
+    assert seconds < slack(BLOCK / 2), f"{QUICK} quick jobs took {seconds:.1f} s: some waited for the blocked child"

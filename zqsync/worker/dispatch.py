@@ -1,0 +1,291 @@
+"""The prefork supervisor's router: each call and job goes to a child that asked for work.
+
+The load-balancing broker pattern. Every child has private ``ipc://``
+backends of its own, bound here: a PUSH for its jobs and a DEALER for its
+calls (and their replies). A child offers work by sending one *credit*
+(its jobs endpoint and ``slot``) to the shared credits socket when a task
+slot is free; it sends the next one only once the work it got has started
+(``server.py``). So a child whose hub is blocked (a task that never yields,
+a SIGSTOP) or whose slots are full gets nothing while a sibling is free,
+and the broker reads the public sockets only while some child has a
+credit: unrouted work waits in the public queues, where the clients'
+congestion control sees it. Confirmed jobs need no task slot, only to be
+journaled, so they travel on ``admit`` credits, which a child offers while
+it can admit one; the broker reads each rpc message's ``kind`` to choose.
+An rpc message that has no credit of its kind yet is held, in arrival order,
+up to :data:`HOLD_MAX` of them; past that the public rpc socket is not read
+(as a standalone worker stops receiving past ``WAITING_CALLS``). The worker's
+own calls (``zqsync.*``: ping, stats, job status) need no credit: each goes at
+once to an open child, in turn, which answers it outside its task pool, so
+they answer while every child is busy.
+
+One native thread runs the loop and owns every socket; the supervisor's main
+thread asks it to act through :meth:`Dispatcher.call`. The supervisor still
+never imports gevent.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import msgpack
+import zmq
+
+log = logging.getLogger(__name__)
+
+#: Seconds without a job after which the public jobs queue counts as drained.
+DRAIN_QUIET = 0.2
+SLOT, ADMIT, ADMIN = b"slot", b"admit", b"admin"
+#: rpc messages the router holds while no child has a credit of their kind; past that it stops reading.
+HOLD_MAX = 1000
+#: Task names of the worker's own calls (``registry.RESERVED_PREFIX``).
+ADMIN_PREFIX = "zqsync."
+
+
+class _Route:
+    __slots__ = ("jobs", "rpc", "open")
+
+    def __init__(self, jobs: zmq.Socket, rpc: zmq.Socket) -> None:
+        self.jobs, self.rpc, self.open = jobs, rpc, True
+
+
+class _Closed:
+    open = False
+
+
+_CLOSED = _Closed()
+
+
+class Dispatcher:
+    """Routes the public ``jobs_front`` (PULL) and ``rpc_front`` (ROUTER) sockets to children with credit.
+
+    :param context: the supervisor's context.
+    :param directory: where the private ``ipc://`` endpoints live.
+    :param jobs_front: the bound public jobs socket; from :meth:`start` on, only the loop uses it.
+    :param rpc_front: the bound public rpc socket; likewise.
+    """
+
+    def __init__(self, context: zmq.Context, directory: str, jobs_front: zmq.Socket, rpc_front: zmq.Socket) -> None:
+        self.context, self.directory = context, directory
+        self.jobs_front, self.rpc_front = jobs_front, rpc_front
+        self.credits = context.socket(zmq.PULL)
+        self.credits.bind(f"ipc://{directory}/credits")
+        self.routes: dict[bytes, _Route] = {}
+        self.ready: dict[bytes, collections.deque[bytes]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
+        self.held: dict[bytes, collections.deque[list[bytes]]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
+        self._turns = 0  # round-robin counter for the worker's own calls
+        self.lost = 0
+        self.last_job = time.monotonic()
+        self._commands: queue.Queue = queue.Queue()
+        self._wake = context.socket(zmq.PAIR)
+        self._wake.bind(f"inproc://zqsync-dispatch-{id(self)}")
+        self._waker = context.socket(zmq.PAIR)
+        self._waker.connect(f"inproc://zqsync-dispatch-{id(self)}")
+        self._thread = threading.Thread(target=self._loop, name="zqsync-dispatch", daemon=True)
+        self._running = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the loop still runs (it ends only on :meth:`stop`, or on a bug, which it logs)."""
+        return self._thread.is_alive()
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
+        """Run ``fn(*args)`` in the loop's thread; blocks until it returns (at most ``timeout`` seconds)."""
+        future: Future = Future()
+        self._commands.put((fn, args, future))
+        self._waker.send(b"")
+        return future.result(timeout)
+
+    def stop(self) -> None:
+        """End the loop and close every socket it owns (the public ones too)."""
+        if self.alive:
+            self.call(setattr, self, "_running", False)
+            self._thread.join(5.0)
+        self._waker.close(linger=0)
+
+    # -- run in the loop's thread (through call) -----------------------------
+
+    def add_child(self, name: str) -> tuple[str, str]:
+        """Bind the backends of a new child; returns its ``(jobs, rpc)`` endpoints."""
+        endpoints = (f"ipc://{self.directory}/jobs-{name}", f"ipc://{self.directory}/rpc-{name}")
+        jobs, rpc = self.context.socket(zmq.PUSH), self.context.socket(zmq.DEALER)
+        for sock, endpoint in ((jobs, endpoints[0]), (rpc, endpoints[1])):
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.bind(endpoint)
+        self.routes[endpoints[0].encode()] = _Route(jobs, rpc)
+        return endpoints
+
+    def close_child(self, jobs_endpoint: str) -> None:
+        """Route no more work to this child (it is retiring); its replies still flow."""
+        route = self.routes.get(jobs_endpoint.encode())
+        if route is not None:
+            route.open = False
+        self._forget_credits()
+
+    def remove_child(self, jobs_endpoint: str) -> None:
+        """Forget an exited child and close its backends."""
+        route = self.routes.pop(jobs_endpoint.encode(), None)
+        if route is not None:
+            route.jobs.close()
+            route.rpc.close()
+        self._forget_credits()
+
+    def stop_jobs(self, endpoint: str) -> None:
+        """Unbind the public jobs endpoint; the jobs already queued in it are still routed."""
+        self.jobs_front.unbind(endpoint)
+        self.last_job = time.monotonic()
+
+    def jobs_drained(self) -> bool:
+        """Whether the public jobs queue has been quiet for ``DRAIN_QUIET`` seconds."""
+        return time.monotonic() - self.last_job > DRAIN_QUIET and not self.jobs_front.poll(0)
+
+    def discard_jobs(self) -> int:
+        """Read and drop what is left in the public jobs queue; returns how many."""
+        count = 0
+        while self.jobs_front.poll(0):
+            self.jobs_front.recv()
+            count += 1
+        return count
+
+    # -- the loop ------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._running:
+                self._turn()
+        except Exception:
+            log.exception("the prefork router failed")
+        finally:
+            for route in self.routes.values():
+                route.jobs.close()
+                route.rpc.close()
+            for sock in (self.credits, self._wake, self.jobs_front, self.rpc_front):
+                sock.close()
+
+    def _turn(self) -> None:
+        poller = zmq.Poller()
+        for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
+            poller.register(sock, zmq.POLLIN)
+        if self.ready[SLOT]:
+            poller.register(self.jobs_front, zmq.POLLIN)
+        if self._holding() < HOLD_MAX:
+            poller.register(self.rpc_front, zmq.POLLIN)
+        events = dict(poller.poll(100))
+        if self._wake in events:
+            self._run_commands()
+        while self.credits.poll(0):
+            name, kind = self.credits.recv_multipart()
+            if self.routes.get(name, _CLOSED).open:
+                self.ready[kind].append(name)
+        for route in list(self.routes.values()):
+            if route.rpc in events:
+                self.rpc_front.send_multipart(route.rpc.recv_multipart())
+        while self._route_call() | self._route_job():  # both, each round
+            pass
+
+    def _route_call(self) -> bool:
+        """Read the public rpc queue (up to :data:`HOLD_MAX` held), send the worker's own calls on at once,
+        and route held messages to children with credits; ``False`` if nothing moved."""
+        moved = False
+        while self._holding() < HOLD_MAX:
+            try:
+                frames = self.rpc_front.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            kind = credit_kind(frames[-1])
+            if kind == ADMIN:
+                self._route_admin(frames)
+            else:
+                self.held[kind].append(frames)
+            moved = True
+        for kind, held in self.held.items():
+            while held and self.ready[kind]:
+                self._route(held.popleft(), "rpc", kind)
+                moved = True
+        return moved
+
+    def _holding(self) -> int:
+        return sum(len(held) for held in self.held.values())
+
+    def _route_admin(self, frames: list[bytes]) -> None:
+        """Send one of the worker's own calls to the next open child, credit or not."""
+        routes = [route for route in self.routes.values() if route.open]
+        if not routes:
+            self._drop("rpc", "no child is running to answer it")
+            return
+        self._turns += 1
+        try:
+            routes[self._turns % len(routes)].rpc.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._drop("rpc", "the child it was sent to is gone")
+
+    def _route_job(self) -> bool:
+        """Route the next job of the public queue if some child has a slot credit; ``False`` if none moved."""
+        if not self.ready[SLOT]:
+            return False
+        try:
+            frame = self.jobs_front.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        self.last_job = time.monotonic()
+        self._route([frame], "jobs", SLOT)
+        return True
+
+    def _forget_credits(self) -> None:
+        """Drop the queued credits of children that are closed or gone."""
+        for kind, names in self.ready.items():
+            self.ready[kind] = collections.deque(name for name in names if self.routes.get(name, _CLOSED).open)
+
+    def _route(self, frames: list[bytes], socket: str, kind: bytes) -> None:
+        """Send ``frames`` to the child that offered a ``kind`` credit first (there is one)."""
+        route = self.routes[self.ready[kind].popleft()]
+        try:
+            getattr(route, socket).send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._drop(socket, "the child that asked for it is gone")
+
+    def _drop(self, kind: str, why: str) -> None:
+        self.lost += 1
+        log.warning("dropped a %s message: %s (%d dropped so far)", "job" if kind == "jobs" else "call", why, self.lost)
+
+    def _run_commands(self) -> None:
+        while self._wake.poll(0):
+            self._wake.recv()
+        while True:
+            try:
+                fn, args, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
+def credit_kind(body: bytes) -> bytes:
+    """The credit an rpc message needs: :func:`kind_of` its request (``SLOT`` for a malformed body: its
+    child answers it with an error)."""
+    try:
+        request = msgpack.unpackb(body, raw=False, max_bin_len=len(body), max_str_len=len(body))
+        return kind_of(request.get("kind"), request.get("task"))
+    except Exception:  # msgpack raises several unrelated types on bad input, and a body may not be a map
+        return SLOT
+
+
+def kind_of(kind: Any, task: Any) -> bytes:
+    """``ADMIT`` for a confirmed job, ``ADMIN`` for a call of the worker's own (``zqsync.*``, no credit
+    needed), ``SLOT`` for anything else. The router and the children apply this one rule."""
+    if kind == "confirm":
+        return ADMIT
+    if kind == "call" and isinstance(task, str) and task.startswith(ADMIN_PREFIX):
+        return ADMIN
+    return SLOT
