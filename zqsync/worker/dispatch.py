@@ -217,16 +217,16 @@ class Dispatcher:
         return sum(len(held) for held in self.held.values())
 
     def _route_admin(self, frames: list[bytes]) -> None:
-        """Send one of the worker's own calls to the next open child, credit or not."""
+        """Send one of the worker's own calls to the next open child that can take it, credit or not."""
         routes = [route for route in self.routes.values() if route.open]
-        if not routes:
-            self._drop("rpc", "no child is running to answer it")
-            return
         self._turns += 1
-        try:
-            routes[self._turns % len(routes)].rpc.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            self._drop("rpc", "the child it was sent to is gone")
+        for index in range(len(routes)):
+            try:
+                routes[(self._turns + index) % len(routes)].rpc.send_multipart(frames, zmq.NOBLOCK)
+                return
+            except zmq.Again:  # that child is gone (its backend has no peer): try the next
+                continue
+        self._drop("rpc", "no child is running to answer it")
 
     def _route_job(self) -> bool:
         """Route the next job of the public queue if some child has a slot credit; ``False`` if none moved."""
