@@ -68,7 +68,7 @@ from .. import _common
 from ..errors import ProtocolError, WorkerShutdown, WorkerStopping
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
-from .auth import GeventAuthenticator
+from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
 from .registry import Registry
 from .runner import Runner
@@ -259,7 +259,8 @@ class Worker:
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
-        where = f"behind the supervisor's {self.endpoint}" if self.backend else f"on {self.endpoint} (rpc on port +1)"
+        where = (f"behind the supervisor's {self.endpoint}" if self.backend
+                 else f"on {self.endpoint} (rpc on port +1), {curve_state(self._authenticator)}")
         log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
                  os.getpid(), len(self.registry), where, self.concurrency)
         self._write_ready_file()

@@ -53,7 +53,7 @@ import zmq
 
 from .. import _common, settings
 from ..errors import ConfigurationError
-from .auth import start_thread_authenticator
+from .auth import curve_state, start_thread_authenticator
 from .binding import bind_pair
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,8 @@ class Supervisor:
             backend = self._start_proxies()
             for slot in range(self.processes):
                 self._spawn(slot, backend)
-            log.info("zqsync supervisor pid %d: %d worker children behind %s", os.getpid(), self.processes, self.endpoint)
+            log.info("zqsync supervisor pid %d: %d worker children behind %s, %s", os.getpid(), self.processes,
+                     self.endpoint, curve_state(self._authenticator))
             status = self._loop(backend)
             self._stop_children()
             return status
