@@ -160,6 +160,9 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="seconds past a task's time limit before a worker process whose hub is still "
                         "blocked (a C call that never returns) dumps its threads' tracebacks and exits with "
                         f"status 1, to be restarted (default: {settings.HARD_GRACE})")
+    worker.add_argument("--no-remote-tracebacks", dest="remote_tracebacks", action="store_false",
+                        help="send a failed call's error type and message only, not its traceback (which shows "
+                        "the worker's file paths and code); the worker logs the traceback instead")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
     worker.set_defaults(handler=cmd_worker)

@@ -200,6 +200,12 @@ def _optional_path(name: str, value: Any) -> Any:
     return value
 
 
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}", setting=name)
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
     """Resolved settings of one worker process (``zqsync worker`` builds them once from its flags).
@@ -217,6 +223,8 @@ class WorkerSettings:
     :ivar hard_grace: seconds past a task's time limit before a blocked worker process ends (``watchdog.py``).
     :ivar curve_secret_key: the worker's ``.key_secret`` file; with ``allow_client_keys``, CURVE only.
     :ivar allow_client_keys: directory of allowed client public keys (``*.key``).
+    :ivar remote_tracebacks: send a failed call's formatted traceback to the client; ``False``
+        sends only the exception's type and message (untrusted clients, secrets in paths or values).
 
     Every field is checked when the object is built, by the same validators
     the client's settings use. :raises ConfigurationError: naming the field.
@@ -235,6 +243,7 @@ class WorkerSettings:
     hard_grace: float = HARD_GRACE
     curve_secret_key: Optional[str] = None
     allow_client_keys: Optional[str] = None
+    remote_tracebacks: bool = True
 
     _CHECKS = {
         "bind": _bind,
@@ -250,6 +259,7 @@ class WorkerSettings:
         "hard_grace": _deadline,
         "curve_secret_key": _optional_path,
         "allow_client_keys": _optional_path,
+        "remote_tracebacks": _bool,
     }
 
     def __post_init__(self) -> None:

@@ -144,7 +144,7 @@ class Worker:
         self.endpoint: Optional[str] = None
         self.watchdog = Watchdog(hard_grace=self.settings.hard_grace)
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
-                             watchdog=self.watchdog)
+                             watchdog=self.watchdog, remote_tracebacks=self.settings.remote_tracebacks)
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.connections: dict[str, int] = {}
