@@ -13,10 +13,10 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 from typing import Any, Callable, Optional, Sequence
 
 from . import __version__, settings
+from ._worker_cli import add_metrics_options, metrics_address, prometheus, serve_metrics, supervisor_metrics
 from .errors import ConfigurationError
 
 EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
@@ -150,9 +150,7 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         "clients listed in --allow-client-keys; traffic is encrypted")
     worker.add_argument("--allow-client-keys", metavar="DIR",
                         help="directory of the public keys (*.key) of the clients allowed to connect")
-    worker.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics on 127.0.0.1:PORT (needs the 'prometheus' extra); with "
-                        "--processes, the supervisor serves every child's numbers (prometheus multiprocess mode)")
+    add_metrics_options(worker)
     worker.add_argument("--hwm", type=_positive_int, default=settings.WORKER_HWM,
                         help="receive high-water mark of the jobs and rpc sockets, messages "
                         f"(default: {settings.WORKER_HWM})")
@@ -332,19 +330,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.app)
     worker = Worker(registry, settings=worker_settings(args), ready_file=args.ready_file, parent_pid=args.parent_pid)
-    if args.metrics_port:
-        _metrics().serve(args.metrics_port, worker=worker)
+    serve_metrics(args, worker)
     return worker.serve()
-
-
-def _metrics() -> Any:
-    try:
-        from .contrib import prometheus
-    except ImportError as exc:
-        raise SystemExit(
-            f"zqsync worker: --metrics-port needs prometheus_client: pip install 'zqsync[prometheus]' ({exc})"
-        ) from exc
-    return prometheus
 
 
 def _run_supervisor(args: argparse.Namespace) -> int:
@@ -362,22 +349,16 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         # CURVE ends at the supervisor's public sockets; the children listen on private ipc:// backends.
         worker = Worker(registry, settings=dataclasses.replace(config, curve_secret_key=None, allow_client_keys=None),
                         backend=backend, ready_file=ready_file, parent_pid=parent_pid)
-        if args.metrics_port:
-            _metrics().MetricsSync(worker).start()
+        if metrics_address(args):
+            prometheus().MetricsSync(worker).start()
         return worker.serve()
 
-    on_child_exit = None
-    if args.metrics_port:
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="zqsync-metrics-"))
-        metrics = _metrics()
-        metrics.start_exporter(args.metrics_port)
-        on_child_exit = metrics.mark_process_dead
-
-    supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
-                            graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
-                            on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
-                            allow_client_keys=config.allow_client_keys)
-    return supervisor.run()
+    with supervisor_metrics(args) as on_child_exit:
+        supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
+                                graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
+                                on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
+                                allow_client_keys=config.allow_client_keys)
+        return supervisor.run()
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
