@@ -9,7 +9,6 @@ import argparse
 import dataclasses
 import importlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from . import __version__, settings
 from ._worker_cli import add_metrics_options, metrics_address, prometheus, serve_metrics, supervisor_metrics
 from .errors import ConfigurationError
+from .logs import add_logging_options, configure_logging
 
 EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
 
@@ -90,10 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"zqsync {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
-        help="logging level for zqsync's own messages (default: info)",
-    )
+    add_logging_options(common)
     curve_client = argparse.ArgumentParser(add_help=False)
     curve_client.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
     curve_client.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
@@ -520,7 +517,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .errors import ZqsyncError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format, args.log_config)
     try:
         return int(args.handler(args) or 0)
     except ZqsyncError as exc:

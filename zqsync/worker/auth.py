@@ -42,6 +42,7 @@ class _LoggedRefusals(zmq.auth.Authenticator):
     """Logs refused CURVE clients at WARNING, at most once every ``REFUSAL_LOG_INTERVAL`` seconds,
     and counts them in ``refused``."""
 
+    allow_dir = ""
     refused = 0
     _refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
 
