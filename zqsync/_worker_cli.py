@@ -1,4 +1,4 @@
-"""``zqsync worker`` options for operations: Prometheus metrics and autoreload.
+"""``zqsync worker`` options for operations: Prometheus metrics and ``--reload``.
 
 Kept apart from ``cli.py`` so that the command module stays small. Nothing
 here imports ``prometheus_client`` before ``PROMETHEUS_MULTIPROC_DIR`` is set:
@@ -11,8 +11,13 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import shutil
+import signal
+import sys
 import tempfile
+import threading
+import time
 from typing import Any, Iterator, Optional
 
 log = logging.getLogger("zqsync.cli")
@@ -113,3 +118,71 @@ def supervisor_metrics(args: argparse.Namespace) -> Iterator[Any]:
         module = prometheus()
         module.start_exporter(address[1], addr=address[0])
         yield module.mark_process_dead
+
+
+def add_reload_option(worker: argparse.ArgumentParser) -> None:
+    """``--reload``, for development."""
+    worker.add_argument("--reload", action="store_true",
+                        help="development: run the worker in a child process and restart it (warm stop, then a "
+                        "fresh start) whenever a file of the task module's package changes (needs the 'reload' "
+                        "extra: watchfiles); with port 0 in --bind, each start picks new ports")
+
+
+def watched_paths(app: str) -> list[str]:
+    """The files to watch for ``MODULE[:ATTR]``: its top-level package's directories, or the module file.
+
+    :raises SystemExit: the module cannot be found.
+    """
+    import importlib.util
+
+    top = app.partition(":")[0].split(".")[0]
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    spec = importlib.util.find_spec(top)
+    if spec is None or not (spec.submodule_search_locations or spec.origin):
+        raise SystemExit(f"zqsync worker --reload: cannot find module {top!r} to watch")
+    return list(spec.submodule_search_locations or [spec.origin])  # type: ignore[list-item]
+
+
+def child_argv(argv: list[str]) -> list[str]:
+    """The worker's own arguments minus ``--reload``; ``--parent-pid`` now names the reloader."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip or arg == "--reload" or arg.startswith("--parent-pid="):
+            skip = False
+        elif arg == "--parent-pid":
+            skip = True
+        else:
+            rest.append(arg)
+    return [*rest, "--parent-pid", str(os.getpid())]
+
+
+def run_with_reload(args: argparse.Namespace, argv: list[str]) -> int:
+    """Serve from a child ``zqsync worker`` that restarts on every change of the task package.
+
+    Blocks until TERM/INT (or the death of ``--parent-pid``); returns 0.
+    :raises SystemExit: watchfiles is not installed, or the task module cannot be found.
+    """
+    try:
+        import watchfiles
+    except ImportError as exc:
+        raise SystemExit(f"zqsync worker: --reload needs watchfiles: pip install 'zqsync[reload]' ({exc})") from exc
+    paths = watched_paths(args.app)
+    if args.parent_pid is not None:
+        threading.Thread(target=_stop_when_orphaned, args=(args.parent_pid,), daemon=True).start()
+    command = shlex.join([sys.executable, "-m", "zqsync", *child_argv(argv)])
+    log.info("reload: watching %s", ", ".join(paths))
+    watchfiles.run_process(*paths, target=command, target_type="command", callback=_log_changes,
+                           sigint_timeout=int(args.graceful_timeout) + 5)
+    return 0
+
+
+def _log_changes(changes: set[Any]) -> None:
+    log.info("reload: %s changed; restarting the worker", ", ".join(sorted({path for _, path in changes})))
+
+
+def _stop_when_orphaned(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    log.warning("parent process %d is gone: stopping", parent_pid)
+    os.kill(os.getpid(), signal.SIGTERM)

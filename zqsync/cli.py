@@ -15,7 +15,15 @@ import sys
 from typing import Any, Callable, Optional, Sequence
 
 from . import __version__, settings
-from ._worker_cli import add_metrics_options, metrics_address, prometheus, serve_metrics, supervisor_metrics
+from ._worker_cli import (
+    add_metrics_options,
+    add_reload_option,
+    metrics_address,
+    prometheus,
+    run_with_reload,
+    serve_metrics,
+    supervisor_metrics,
+)
 from .errors import ConfigurationError
 from .logs import add_logging_options, configure_logging
 
@@ -160,6 +168,7 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         "the worker's file paths and code); the worker logs the traceback instead")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
+    add_reload_option(worker)
     worker.set_defaults(handler=cmd_worker)
 
 
@@ -318,6 +327,8 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
+    if args.reload:
+        return run_with_reload(args, args.argv)
     if args.processes:
         return _run_supervisor(args)
     from gevent import monkey
@@ -517,6 +528,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .errors import ZqsyncError
 
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(args.log_level, args.log_format, args.log_config)
     try:
         return int(args.handler(args) or 0)
