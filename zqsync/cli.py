@@ -13,12 +13,21 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Optional, Sequence
 
 from . import __version__, settings
+from ._worker_cli import (
+    add_metrics_options,
+    add_reload_option,
+    metrics_address,
+    prometheus,
+    run_with_reload,
+    serve_metrics,
+    supervisor_metrics,
+)
 from .errors import ConfigurationError
+from .logs import add_logging_options, configure_logging
 
 EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
 
@@ -92,10 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"zqsync {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"],
-        help="logging level for zqsync's own messages (default: info)",
-    )
+    add_logging_options(common)
     curve_client = argparse.ArgumentParser(add_help=False)
     curve_client.add_argument("--curve-server-key", metavar="FILE", help="the worker's public key (NAME.key), for CURVE")
     curve_client.add_argument("--curve-secret-key", metavar="FILE", help="this client's secret key (NAME.key_secret)")
@@ -161,9 +167,7 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         "clients listed in --allow-client-keys; traffic is encrypted")
     worker.add_argument("--allow-client-keys", metavar="DIR",
                         help="directory of the public keys (*.key) of the clients allowed to connect")
-    worker.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics on 127.0.0.1:PORT (needs the 'prometheus' extra); with "
-                        "--processes, the supervisor serves every child's numbers (prometheus multiprocess mode)")
+    add_metrics_options(worker)
     worker.add_argument("--hwm", type=_positive_int, default=settings.WORKER_HWM,
                         help="receive high-water mark of the jobs and rpc sockets, messages "
                         f"(default: {settings.WORKER_HWM})")
@@ -171,8 +175,12 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="seconds past a task's time limit before a worker process whose hub is still "
                         "blocked (a C call that never returns) dumps its threads' tracebacks and exits with "
                         f"status 1, to be restarted (default: {settings.HARD_GRACE})")
+    worker.add_argument("--no-remote-tracebacks", dest="remote_tracebacks", action="store_false",
+                        help="send a failed call's error type and message only, not its traceback (which shows "
+                        "the worker's file paths and code); the worker logs the traceback instead")
     worker.add_argument("--parent-pid", type=int, metavar="PID",
                         help="shut down when process PID stops being this worker's parent (for test harnesses)")
+    add_reload_option(worker)
     worker.set_defaults(handler=cmd_worker)
 
 
@@ -403,6 +411,8 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
+    if args.reload:
+        return run_with_reload(args, args.argv)
     if args.processes:
         if args.queues:
             raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
@@ -414,19 +424,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.app)
     worker = Worker(registry, settings=worker_settings(args), ready_file=args.ready_file, parent_pid=args.parent_pid)
-    if args.metrics_port:
-        _metrics().serve(args.metrics_port, worker=worker)
+    serve_metrics(args, worker)
     return worker.serve()
-
-
-def _metrics() -> Any:
-    try:
-        from .contrib import prometheus
-    except ImportError as exc:
-        raise SystemExit(
-            f"zqsync worker: --metrics-port needs prometheus_client: pip install 'zqsync[prometheus]' ({exc})"
-        ) from exc
-    return prometheus
 
 
 def _run_supervisor(args: argparse.Namespace) -> int:
@@ -444,22 +443,16 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         # CURVE ends at the supervisor's public sockets; the children listen on private ipc:// backends.
         worker = Worker(registry, settings=dataclasses.replace(config, curve_secret_key=None, allow_client_keys=None),
                         backend=backend, ready_file=ready_file, parent_pid=parent_pid)
-        if args.metrics_port:
-            _metrics().MetricsSync(worker).start()
+        if metrics_address(args):
+            prometheus().MetricsSync(worker).start()
         return worker.serve()
 
-    on_child_exit = None
-    if args.metrics_port:
-        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="zqsync-metrics-"))
-        metrics = _metrics()
-        metrics.start_exporter(args.metrics_port)
-        on_child_exit = metrics.mark_process_dead
-
-    supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
-                            graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
-                            on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
-                            allow_client_keys=config.allow_client_keys)
-    return supervisor.run()
+    with supervisor_metrics(args) as on_child_exit:
+        supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
+                                graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
+                                on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
+                                allow_client_keys=config.allow_client_keys)
+        return supervisor.run()
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
@@ -771,7 +764,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .errors import ZqsyncError
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    configure_logging(args.log_level, args.log_format, args.log_config)
     try:
         return int(args.handler(args) or 0)
     except ZqsyncError as exc:

@@ -1,10 +1,81 @@
-"""Rate-limited logging, for events a peer can cause in bulk (drops, malformed frames)."""
+"""Logging: the command line's setup (``--log-level``, ``--log-format``, ``--log-config``), and
+rate-limited logging for events a peer can cause in bulk (drops, malformed frames)."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
+import logging.config
+import os
 import time
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Optional
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: Fields of each ``--log-format json`` record (one JSON object per line), besides any ``extra``.
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"
+#: ``--log-config`` file suffixes: ``dictConfig`` from JSON, or ``fileConfig`` (ini).
+CONFIG_SUFFIXES = {".json": "dict", ".ini": "file", ".conf": "file", ".cfg": "file"}
+
+
+def add_logging_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-level``, ``--log-format`` and ``--log-config``, shared by every command."""
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="logging level for zqsync's own messages (default: info)")
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text lines, or one JSON object per line (needs the 'json-logs' extra: "
+                        "python-json-logger) (default: text)")
+    parser.add_argument("--log-config", metavar="FILE",
+                        help="configure logging from FILE instead: a logging.config dictionary in .json, or an "
+                        "ini file (.ini, .conf, .cfg) for logging.config.fileConfig; --log-level and "
+                        "--log-format are then ignored")
+
+
+def configure_logging(level: str = "info", log_format: str = "text", config: Optional[str] = None) -> None:
+    """Set up the root logger for a ``zqsync`` command.
+
+    :param level: ``debug``, ``info``, ``warning`` or ``error``.
+    :param log_format: ``text`` or ``json`` (python-json-logger's formatter).
+    :param config: a ``.json`` (``dictConfig``) or ``.ini``/``.conf``/``.cfg`` (``fileConfig``) file,
+        which replaces both other arguments.
+    :raises SystemExit: the file cannot be read or is not a valid configuration, or
+        ``json`` without python-json-logger; the message says which.
+    """
+    if config:
+        _load_config(config)
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_json_formatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _json_formatter() -> logging.Formatter:
+    try:
+        from pythonjsonlogger.json import JsonFormatter
+    except ImportError:
+        try:  # python-json-logger before 3.1
+            from pythonjsonlogger.jsonlogger import JsonFormatter  # type: ignore[no-redef]
+        except ImportError as exc:
+            raise SystemExit(f"zqsync: --log-format json needs python-json-logger: pip install "
+                             f"'zqsync[json-logs]' ({exc})") from exc
+    return JsonFormatter(JSON_FIELDS)  # type: ignore[no-any-return]
+
+
+def _load_config(path: str) -> None:
+    kind = CONFIG_SUFFIXES.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise SystemExit(f"zqsync: --log-config {path!r}: expected a .json, .ini, .conf or .cfg file")
+    try:
+        if kind == "dict":
+            with open(path, encoding="utf-8") as file:
+                logging.config.dictConfig(json.load(file))
+        else:
+            logging.config.fileConfig(path, disable_existing_loggers=False)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+        raise SystemExit(f"zqsync: --log-config {path!r} is not a usable logging configuration: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
 
 class RateLimitedLog:

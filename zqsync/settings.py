@@ -238,6 +238,12 @@ def _optional_path(name: str, value: Any) -> Any:
     return value
 
 
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}", setting=name)
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
     """Resolved settings of one worker process (``zqsync worker`` builds them once from its flags).
@@ -257,6 +263,8 @@ class WorkerSettings:
     :ivar allow_client_keys: directory of allowed client public keys (``*.key``).
     :ivar queues: named job queues, highest priority first (:class:`QueueSpec`,
         or their ``NAME[:CONCURRENCY]=ENDPOINT`` text).
+    :ivar remote_tracebacks: send a failed call's formatted traceback to the client; ``False``
+        sends only the exception's type and message (untrusted clients, secrets in paths or values).
 
     Every field is checked when the object is built, by the same validators
     the client's settings use. :raises ConfigurationError: naming the field.
@@ -276,6 +284,7 @@ class WorkerSettings:
     curve_secret_key: Optional[str] = None
     allow_client_keys: Optional[str] = None
     queues: tuple[QueueSpec, ...] = ()
+    remote_tracebacks: bool = True
 
     _CHECKS = {
         "bind": _bind,
@@ -292,6 +301,7 @@ class WorkerSettings:
         "curve_secret_key": _optional_path,
         "allow_client_keys": _optional_path,
         "queues": _queues,
+        "remote_tracebacks": _bool,
     }
 
     def __post_init__(self) -> None:

@@ -67,6 +67,10 @@ class Client:
     client may be shared by every greenlet and thread of a process, and
     survives ``fork``: the child opens its own sockets. Usable as a context
     manager, which closes it.
+
+    A client pickles as its configuration (endpoints, settings, CURVE keys;
+    key files as their paths), never its sockets or counters: unpickling, in
+    a ``multiprocessing`` ``spawn`` child say, builds a fresh client.
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class Client:
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )
         self._closed = False
+        self._config = (names, self.settings, curve)
         _common.track_client(self)
         self._routed = {
             names: Client(list(names), settings=self.settings, curve=curve)
@@ -114,6 +119,10 @@ class Client:
         """The client that sends ``task``: this one, or the one of the route its name matches."""
         names = self._routes.match(_task_name(task))
         return self if names is None else self._routed.get(names, self)
+
+    def __reduce__(self) -> Any:
+        names, settings, curve = self._config
+        return _rebuild, (names, settings, curve)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -516,6 +525,11 @@ def default_client() -> Client:
                 _default = Client(default_endpoint())
             client = _default
     return client
+
+
+def _rebuild(endpoints: list[str], settings: ClientSettings, curve: Optional[Curve]) -> Client:
+    """A fresh :class:`Client` from a pickled one's configuration."""
+    return Client(endpoints, settings=settings, curve=curve)
 
 
 def enqueue(task: str, *args: Any, **kwargs: Any) -> str:

@@ -20,7 +20,8 @@ rule numbers below refer to it.
   (rules 5 and 6).
 * A lease inside a lease raises, on one pool or across pools (rule 7).
 * Owners that ended (thread finished, hub destroyed) are swept when a new
-  owner appears and on a lease at most every ``SWEEP_INTERVAL`` (rule 8).
+  owner appears, on a lease at most every ``SWEEP_INTERVAL``, and by the
+  process's sweeper thread every ``lifecycle.SWEEP_EVERY`` seconds (rule 8).
 * After ``fork`` the child disowns every inherited socket (``lifecycle.py``:
   pyzmq is told it is closed, so no libzmq call is ever made on it in the
   child, where it would drain the parent's I/O thread mailbox), kills the
@@ -284,6 +285,7 @@ class SocketPool:
                 if owner.key not in self._owners:
                     self._sweep_dead_owners()
                     self._owners[owner.key] = owner
+                    lifecycle.start_sweeper()
                 permits = self._permits[key] = new_permits(owner, self.pool_size)
                 if address not in self._addresses:
                     self._addresses.add(address)
@@ -435,6 +437,12 @@ class SocketPool:
         with self._lock:
             self._next_sweep = time.monotonic() + SWEEP_INTERVAL
             self._sweep_dead_owners()
+
+    def sweep(self) -> None:
+        """Close the idle sockets of owners that ended (the sweeper thread's round); never blocks long."""
+        with self._lock:
+            if not self._closed and self._pid == os.getpid():
+                self._sweep_dead_owners()
 
     def _sweep_dead_owners(self) -> None:
         """Close the idle sockets of owners that ended. Caller holds the lock."""

@@ -14,7 +14,7 @@ multiprocess mode too: that is what a gunicorn app and a prefork worker use.
   starting gunicorn. ``zqsync.contrib.gunicorn.post_fork`` then starts the
   sync in every worker and ``child_exit`` marks dead workers; serve
   :func:`multiprocess_text` from a view (see the README).
-* ``zqsync worker --metrics-port PORT``: one process serves directly; with
+* ``zqsync worker --metrics-bind HOST:PORT``: one process serves directly; with
   ``--processes`` the supervisor serves the children's numbers in
   multiprocess mode.
 """
@@ -41,10 +41,12 @@ POOL_COUNTERS = ("opened", "reused", "discarded_poisoned", "discarded_full", "wa
                  "stale_replies", "forks_detected", "swept")
 POOL_GAUGES = ("open", "in_flight")
 #: Worker counter keys mirrored as counters; ``in_flight`` is a gauge.
+#: ``confirmed_refused`` and ``journal_errors`` exist only with a journal (``--state-dir``); 0 otherwise.
 WORKER_COUNTERS = ("jobs_received", "plain_received", "jobs_replayed", "jobs_succeeded", "jobs_failed",
                    "jobs_retried", "jobs_dead", "confirmed_received", "confirmed_accepted", "confirmed_duplicates",
-                   "calls_received", "calls_succeeded", "calls_failed", "timed_out", "unknown_task", "malformed",
-                   "calls_expired", "jobs_expired")
+                   "confirmed_refused", "journal_errors", "calls_received", "calls_succeeded", "calls_failed",
+                   "timed_out", "unknown_task", "malformed", "calls_expired", "jobs_expired",
+                   "jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop")
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -114,7 +116,7 @@ class MetricsSync:
         if self.worker is not None:
             counters = self.worker.runner.counters
             for key in WORKER_COUNTERS:
-                self._count(f"worker_{key}", counters[key])
+                self._count(f"worker_{key}", counters.get(key, 0))
             self._gauges["worker_in_flight"].set(counters["in_flight"])
 
     def start(self, interval: float = 1.0) -> "MetricsSync":
@@ -158,3 +160,4 @@ def serve(port: int, *, worker: Any = None, interval: float = 1.0, addr: str = "
     """:func:`start_exporter`, plus the sync of this process's counters every ``interval`` seconds."""
     start_exporter(port, addr=addr)
     return MetricsSync(worker).start(interval)
+

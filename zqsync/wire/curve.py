@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import zmq
 import zmq.auth
@@ -22,11 +22,22 @@ from ..errors import ConfigurationError
 
 
 class Curve(NamedTuple):
-    """A client's CURVE keys, Z85-encoded: the worker's public key, and the client's own pair."""
+    """A client's CURVE keys, Z85-encoded: the worker's public key, and the client's own pair.
+
+    ``files`` is ``(server public key file, client secret key file)`` when the keys were loaded
+    with :meth:`from_files`: such a ``Curve`` pickles as those paths, and unpickling loads the
+    files again, so the secret key never travels inside a pickle.
+    """
 
     server_public: bytes
     public: bytes
     secret: bytes
+    files: Optional[tuple[str, str]] = None
+
+    def __reduce__(self) -> Any:
+        if self.files is not None:
+            return type(self).from_files, self.files
+        return type(self), (self.server_public, self.public, self.secret)
 
     @classmethod
     def from_files(cls, server_public: str, client_secret: str) -> "Curve":
@@ -38,7 +49,7 @@ class Curve(NamedTuple):
         """
         server_key, _ = load_public(server_public)
         public, secret = load_secret(client_secret)
-        return cls(server_key, public, secret)
+        return cls(server_key, public, secret, (os.path.abspath(server_public), os.path.abspath(client_secret)))
 
     def client_options(self) -> dict[int, bytes]:
         """Socket options that make a connecting socket a CURVE client."""

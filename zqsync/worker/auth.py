@@ -9,13 +9,21 @@ supervisor, which has no gevent, uses pyzmq's ``ThreadAuthenticator``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Coroutine
 
 import zmq
 import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from ..errors import ConfigurationError
+from ..logs import RateLimitedLog
 from ..wire.curve import check_allow_dir
+
+log = logging.getLogger(__name__)
+#: Seconds between two WARNING lines about refused CURVE clients (the rest are counted in the next line).
+REFUSAL_LOG_INTERVAL = 10.0
 
 
 def _drive(coroutine: Coroutine[Any, Any, Any]) -> None:
@@ -30,7 +38,28 @@ def _drive(coroutine: Coroutine[Any, Any, Any]) -> None:
                              setting="allow_client_keys")
 
 
-class GeventAuthenticator(zmq.auth.Authenticator):
+class _LoggedRefusals(zmq.auth.Authenticator):
+    """Logs refused CURVE clients at WARNING, at most once every ``REFUSAL_LOG_INTERVAL`` seconds,
+    and counts them in ``refused``."""
+
+    allow_dir = ""
+    refused = 0
+    _refusals = RateLimitedLog(log, REFUSAL_LOG_INTERVAL)
+
+    async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        allowed, reason = await super()._authenticate_curve(domain, client_key)
+        if not allowed:
+            self.refused += 1
+            self._refusals.warning("curve", "refused a CURVE client: public key %s is not in %s (%s)",
+                                   z85.encode(client_key).decode(), self.allow_dir, reason.decode())
+        return allowed, reason
+
+    def client_keys(self) -> int:
+        """How many allowed client public keys are loaded."""
+        return len(self.certs.get("*", {}))
+
+
+class GeventAuthenticator(_LoggedRefusals):
     """pyzmq's ZAP authenticator served from a greenlet (for monkey-patched processes).
 
     :param context: the context whose sockets use CURVE (a ``zmq.green.Context``).
@@ -65,12 +94,20 @@ class GeventAuthenticator(zmq.auth.Authenticator):
         super().stop()
 
 
+class _LoggedThreadAuthenticator(_LoggedRefusals, ThreadAuthenticator):
+    pass
+
+
 def start_thread_authenticator(context: zmq.Context, allow_dir: str) -> Any:
     """pyzmq's ``ThreadAuthenticator`` for a process without gevent (the prefork supervisor)."""
-    from zmq.auth.thread import ThreadAuthenticator
-
     check_allow_dir(allow_dir)
-    authenticator = ThreadAuthenticator(context)
+    authenticator = _LoggedThreadAuthenticator(context)
+    authenticator.allow_dir = allow_dir
     authenticator.start()
     authenticator.configure_curve(domain="*", location=allow_dir)
     return authenticator
+
+
+def curve_state(authenticator: Any) -> str:
+    """``CURVE on, N client keys`` or ``CURVE off``, for a startup line."""
+    return f"CURVE on, {authenticator.client_keys()} client keys" if authenticator is not None else "CURVE off"

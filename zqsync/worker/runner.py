@@ -65,6 +65,8 @@ class Runner:
         confirmed jobs get an error reply saying how to enable them.
     :param watchdog: enforces time limits on tasks that do not yield
         (``watchdog.py``); ``None``: only ``gevent.Timeout``, which needs a yield.
+    :param remote_tracebacks: put a failed task's formatted traceback in its error reply;
+        ``False``: type and message only (the traceback is then logged here, at INFO).
     """
 
     def __init__(
@@ -74,9 +76,11 @@ class Runner:
         builtins: Optional[dict[str, Callable[..., Any]]] = None,
         confirm: Optional[Callable[[envelope.Request, Task], bytes]] = None,
         watchdog: Optional[Watchdog] = None,
+        remote_tracebacks: bool = True,
     ) -> None:
         self.registry = registry
         self.watchdog = watchdog
+        self.remote_tracebacks = remote_tracebacks
         self.builtins = dict(builtins or {})
         self.confirm = confirm
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -255,7 +259,7 @@ class Runner:
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             # A task's sys.exit() or KeyboardInterrupt fails that task; it never stops the worker.
             message = exc.remote_message if isinstance(exc, RemoteError) else str(exc)  # not "Type: Type: ..."
-            return False, (type(exc).__name__, message, traceback.format_exc()), exc
+            return False, (type(exc).__name__, message, self._traceback(task)), exc
         finally:
             if self.watchdog is not None:
                 self.watchdog.leave()
@@ -264,6 +268,13 @@ class Runner:
             if counted:
                 self.durations.record(task.name, time.perf_counter() - started)
         return True, result, None
+
+    def _traceback(self, task: Task) -> str:
+        """The current exception's traceback for the reply, or ``""`` (logged locally) if tracebacks stay here."""
+        if self.remote_tracebacks:
+            return traceback.format_exc()
+        log.info("task %r failed (traceback not sent to the client)", task.name, exc_info=True)
+        return ""
 
     def _timed_out(self, task: Task) -> tuple[bool, ErrorInfo, TimeLimitExceeded]:
         self.counters["timed_out"] += 1

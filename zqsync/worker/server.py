@@ -81,7 +81,7 @@ from ..errors import ConfigurationError, ProtocolError, WorkerShutdown, WorkerSt
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
 from . import fleet
-from .auth import GeventAuthenticator
+from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
 from .dispatch import ADMIN, ADMIT, SLOT, kind_of
 from .queues import build_queues, yield_to_higher
@@ -166,7 +166,7 @@ class Worker:
         self.endpoint: Optional[str] = None
         self.watchdog = Watchdog(hard_grace=self.settings.hard_grace)
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
-                             watchdog=self.watchdog)
+                             watchdog=self.watchdog, remote_tracebacks=self.settings.remote_tracebacks)
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.connections: dict[str, int] = {}
@@ -323,7 +323,8 @@ class Worker:
             self._greenlets += self._offering
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
-        where = f"behind the supervisor's {self.endpoint}" if self.backend else f"on {self.endpoint} (rpc on port +1)"
+        where = (f"behind the supervisor's {self.endpoint}" if self.backend
+                 else f"on {self.endpoint} (rpc on port +1), {curve_state(self._authenticator)}")
         log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
                  os.getpid(), len(self.registry), where, self.concurrency)
         self._write_ready_file()

@@ -54,7 +54,7 @@ import zmq
 
 from .. import _common, settings
 from ..errors import ConfigurationError
-from .auth import start_thread_authenticator
+from .auth import curve_state, start_thread_authenticator
 from .binding import bind_pair
 from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
@@ -269,7 +269,8 @@ class Supervisor:
             self._start_dispatch()
             for slot in range(self.processes):
                 self._spawn(slot)
-            log.info("zqsync supervisor pid %d: %d worker children behind %s", os.getpid(), self.processes, self.endpoint)
+            log.info("zqsync supervisor pid %d: %d worker children behind %s, %s", os.getpid(), self.processes,
+                     self.endpoint, curve_state(self._authenticator))
             status = self._loop()
             self._stop_children()
             self._kill_children()
