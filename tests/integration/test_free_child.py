@@ -61,3 +61,23 @@ def test_jobs_go_to_the_free_child(zq_worker, tmp_path):
     print(f"{QUICK} quick jobs with one child blocked: {seconds:.3f} s")
     assert str(blocked) not in ran
     assert seconds < slack(BLOCK / 2), f"{QUICK} quick jobs took {seconds:.1f} s: some waited for the blocked child"
+
+
+def test_a_call_to_a_stopping_prefork_worker_is_refused_at_once(zq_worker):
+    """While its children finish their tasks, a stopping prefork worker refuses new calls with
+    ``WorkerStopping``; no caller waits out its deadline in the router (which hands out work on credits
+    that busy, stopping children never send)."""
+    worker = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "20"], concurrency=1)
+    with ThreadPoolExecutor(2) as pool, zqsync.Client(worker.endpoint, call_timeout=slack(30.0)) as client:
+        wait_for(lambda: client.call("zqsync.stats")["in_flight"] == 0, what="the worker to answer")
+        naps = [pool.submit(client.call, "sleep", 3.0) for _ in range(2)]
+        wait_for(lambda: client.call("zqsync.stats")["in_flight"] == 2, what="both children busy")
+        worker.proc.terminate()
+        time.sleep(0.5)  # the children get TERM
+        started = time.monotonic()
+        with pytest.raises((zqsync.WorkerStopping, zqsync.CallTimeout)) as refused:
+            client.call_with_options("echo", args=("late",), timeout=10.0)
+        waited = time.monotonic() - started
+        assert [nap.result(timeout=30) for nap in naps] == [3.0, 3.0]
+    assert isinstance(refused.value, zqsync.WorkerStopping), f"{refused.value!r} after {waited:.1f} s"
+    assert worker.proc.wait(30) == 0

@@ -79,7 +79,8 @@ class Dispatcher:
         self.routes: dict[bytes, _Route] = {}
         self.ready: dict[bytes, collections.deque[bytes]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
         self.held: dict[bytes, collections.deque[list[bytes]]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
-        self._turns = 0  # round-robin counter for the worker's own calls
+        self._turns = 0  # round-robin counter for the messages sent without a credit
+        self.stopping = False  # set by refuse_calls: the children refuse rpc work, no credit needed
         self.lost = 0
         self.last_job = time.monotonic()
         self._commands: queue.Queue = queue.Queue()
@@ -144,6 +145,12 @@ class Dispatcher:
         self.jobs_front.unbind(endpoint)
         self.last_job = time.monotonic()
 
+    def refuse_calls(self) -> None:
+        """The children have been told to stop: from now on every rpc message goes on at once, credit or
+        not. A stopping child refuses a call (``WorkerStopping``) and leaves a confirmed job unacknowledged
+        for its client to send again, so no caller waits out its deadline in the router."""
+        self.stopping = True
+
     def jobs_drained(self) -> bool:
         """Whether the public jobs queue has been quiet for ``DRAIN_QUIET`` seconds."""
         return time.monotonic() - self.last_job > DRAIN_QUIET and not self.jobs_front.poll(0)
@@ -202,22 +209,24 @@ class Dispatcher:
             except zmq.Again:
                 break
             kind = credit_kind(frames[-1])
-            if kind == ADMIN:
-                self._route_admin(frames)
+            if kind == ADMIN or self.stopping:
+                self._route_any(frames)
             else:
                 self.held[kind].append(frames)
             moved = True
         for kind, held in self.held.items():
-            while held and self.ready[kind]:
-                self._route(held.popleft(), "rpc", kind)
+            while held and (self.ready[kind] or self.stopping):
+                frames = held.popleft()
+                self._route_any(frames) if self.stopping else self._route(frames, "rpc", kind)
                 moved = True
         return moved
 
     def _holding(self) -> int:
         return sum(len(held) for held in self.held.values())
 
-    def _route_admin(self, frames: list[bytes]) -> None:
-        """Send one of the worker's own calls to the next open child that can take it, credit or not."""
+    def _route_any(self, frames: list[bytes]) -> None:
+        """Send an rpc message to the next open child that can take it, credit or not: one of the worker's
+        own calls, or any message once the children are stopping (:meth:`refuse_calls`)."""
         routes = [route for route in self.routes.values() if route.open]
         self._turns += 1
         for index in range(len(routes)):

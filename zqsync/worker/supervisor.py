@@ -385,6 +385,8 @@ class Supervisor:
         cold = signal.SIGQUIT in self._signals
         self._stop_taking_jobs(cold)
         self._signal_children(signal.SIGQUIT if cold else signal.SIGTERM)
+        assert self._dispatch is not None
+        self._dispatch.call(self._dispatch.refuse_calls)
         log.info("%s shutdown of %d worker children", "cold" if cold else "warm", len(self.children))
         deadline = time.monotonic() + self.graceful_timeout + 5.0
         seen = len(self._signals)
