@@ -172,8 +172,12 @@ def run_with_reload(args: argparse.Namespace, argv: list[str]) -> int:
         threading.Thread(target=_stop_when_orphaned, args=(args.parent_pid,), daemon=True).start()
     command = shlex.join([sys.executable, "-m", "zqsync", *child_argv(argv)])
     log.info("reload: watching %s", ", ".join(paths))
-    watchfiles.run_process(*paths, target=command, target_type="command", callback=_log_changes,
-                           sigint_timeout=int(args.graceful_timeout) + 5)
+    # Every restart compiles the task modules from source: cached bytecode passes Python's check
+    # (source mtime in whole seconds, and size) after a same-size edit within the same second.
+    with tempfile.TemporaryDirectory(prefix="zqsync-reload-") as no_bytecode:
+        os.environ.update(PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX=no_bytecode)
+        watchfiles.run_process(*paths, target=command, target_type="command", callback=_log_changes,
+                               sigint_timeout=int(args.graceful_timeout) + 5)
     return 0
 
 
