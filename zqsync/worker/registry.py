@@ -173,7 +173,19 @@ class Registry:
         store_result: bool = False,
     ) -> Callable[[F], F]: ...
 
-    def task(self, fn: Optional[F] = None, **options: Any) -> Any:
+    def task(
+        self,
+        fn: Optional[F] = None,
+        *,
+        name: Optional[str] = None,
+        time_limit: Optional[float] = None,
+        retries: int = 0,
+        backoff: float = 1.0,
+        retry_on: ExceptionTypes = (),
+        max_delay: Optional[float] = None,
+        jitter: float = 0.0,
+        store_result: bool = False,
+    ) -> Any:
         """Register ``fn`` as a task; usable bare (``@registry.task``) or with options.
 
         :param name: the task name (default: the function's ``__name__``).
@@ -197,7 +209,8 @@ class Registry:
         """
 
         def register(function: F) -> F:
-            self.add(function, **options)
+            self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff,
+                     retry_on=retry_on, max_delay=max_delay, jitter=jitter, store_result=store_result)
             return function
 
         return register(fn) if fn is not None else register
