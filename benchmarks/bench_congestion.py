@@ -41,7 +41,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 import signal
 import statistics
 import time
@@ -67,6 +66,7 @@ from benchmarks.harness import (
     running_worker,
     size_for,
     time_calls,
+    write_json,
 )
 from tests.helpers import wait_for
 from tests.integration.test_congestion import PAYLOAD as FILL_PAYLOAD
@@ -374,8 +374,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.json:
         meta = {**describe(settings, args), "fill_payload_bytes": len(FILL_PAYLOAD), "stalled_hwm": int(SMALL_HWM[1]),
                 "wait_before_drop": ClientSettings.from_env().wait_before_drop}
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+        write_json(args.json, meta, rows)
     print(render_table(rows, args.cpus))
     return 0
 

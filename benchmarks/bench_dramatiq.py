@@ -58,7 +58,6 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
-import json
 import shutil
 import signal
 import statistics
@@ -83,6 +82,7 @@ from benchmarks.harness import (
     rows_from_subprocess,
     size_flags,
     size_for,
+    write_json,
 )
 from tests.helpers import wait_for
 from zqsync.processes import WorkerProcess, stop_process
@@ -352,8 +352,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = rows_for(args)
     if args.json:
         meta = {**describe(settings_for(args), args), **versions()}
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+        write_json(args.json, meta, rows)
     print(render_table(rows, args.cpus))
     return 0
 

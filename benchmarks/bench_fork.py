@@ -34,10 +34,9 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import zmq
 
@@ -57,6 +56,7 @@ from benchmarks.harness import (
     round_trip,
     running_worker,
     size_for,
+    write_json,
 )
 from zqsync.wire.endpoints import split_endpoint
 
@@ -184,9 +184,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     rows = rows_for(args)
     if args.json:
-        meta: dict[str, Any] = describe(settings_for(args), args)
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+        meta = describe(settings_for(args), args)
+        write_json(args.json, meta, rows)
     print(render_table(rows, args.cpus))
     return 0
 

@@ -45,14 +45,13 @@ import contextlib
 import dataclasses
 import http.client
 import importlib.util
-import json
 import re
 import shutil
 import statistics
 import subprocess
 import threading
 import time
-from typing import Any, Iterator, NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional
 
 from benchmarks.harness import (
     LAYOUTS,
@@ -67,6 +66,7 @@ from benchmarks.harness import (
     progress,
     render_table,
     size_for,
+    write_json,
 )
 from tests.helpers import children_of
 from zqsync.processes import GunicornProcess, WorkerProcess
@@ -348,9 +348,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     rows = rows_for(args)
     if args.json:
-        meta: dict[str, Any] = {**describe(settings_for(args), args), "load": generator(args.python_load)}
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+        meta = {**describe(settings_for(args), args), "load": generator(args.python_load)}
+        write_json(args.json, meta, rows)
     print(f"CPU layout `{args.cpus}`: {PLACEMENTS[args.cpus]}.\n")
     print(render_table(rows, args.cpus).split("\n", 2)[2])
     return 0

@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 import signal
 import statistics
 import time
@@ -67,6 +66,7 @@ from benchmarks.harness import (
     size_for,
     time_calls,
     warm_up,
+    write_json,
 )
 from zqsync.processes import WorkerProcess
 
@@ -325,9 +325,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     settings = settings_for(args)
     rows = rows_for(args)
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"meta": describe(settings, args), "rows": [dataclasses.asdict(row) for row in rows]},
-                      handle, indent=2)
+        write_json(args.json, describe(settings, args), rows)
     print(render_table(rows, args.cpus))
     return 0
 

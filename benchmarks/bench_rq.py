@@ -57,7 +57,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
-import json
 import shutil
 import signal
 import socket
@@ -82,6 +81,7 @@ from benchmarks.harness import (
     render_table,
     rows_from_subprocess,
     size_flags,
+    write_json,
 )
 from tests.helpers import wait_for
 from zqsync.processes import ProcessFailed, WorkerProcess, stop_process
@@ -450,8 +450,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             rows += run_gevent_subprocess(args, settings)
     if args.json:
         meta = {**describe(settings, args), **versions(), "greenlets": args.greenlets}
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+        write_json(args.json, meta, rows)
     print(render_table(rows, args.cpus))
     print("\nRQ: enqueue cost only, no RQ worker runs. zqsync: a real worker runs every job, between batches.")
     return 0

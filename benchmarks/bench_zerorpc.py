@@ -42,7 +42,6 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
-import json
 import signal
 import statistics
 import subprocess
@@ -68,6 +67,7 @@ from benchmarks.harness import (
     size_for,
     time_calls,
     warm_up,
+    write_json,
 )
 from zqsync.processes import stop_process
 
@@ -258,8 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = rows_for(args)
     if args.json:
         meta = {**describe(settings_for(args), args), "zerorpc": importlib.metadata.version("zerorpc")}
-        with open(args.json, "w") as handle:
-            json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+        write_json(args.json, meta, rows)
     print(render_table(rows, args.cpus))
     return 0
 

@@ -269,6 +269,15 @@ def number(value: Optional[float], unit: str) -> str:
     return f"{value:.3f}" if unit in ("s", "x") else f"{value:.1f}"
 
 
+def write_json(path: str, meta: dict[str, Any], rows: list[Row]) -> None:
+    """Write ``{"meta": meta, "rows": [...]}`` to ``path`` (a benchmark's ``--json FILE``).
+
+    :raises OSError: the file cannot be written.
+    """
+    with open(path, "w") as handle:
+        json.dump({"meta": meta, "rows": [dataclasses.asdict(row) for row in rows]}, handle, indent=2)
+
+
 def render_table(rows: list[Row], layout: str) -> str:
     """The report as one markdown table, under a line naming the CPU layout."""
     lines = [

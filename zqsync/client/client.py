@@ -117,6 +117,8 @@ class Client:
 
     def route(self, task: str) -> "Client":
         """The client that sends ``task``: this one, or the one of the route its name matches."""
+        if not self._routed:  # no routes, or all to this client's endpoints: nothing to match on the hot path
+            return self
         names = self._routes.match(_task_name(task))
         return self if names is None else self._routed.get(names, self)
 

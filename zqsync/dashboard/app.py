@@ -14,7 +14,6 @@ token, a request naming another ``Host`` than loopback is refused (DNS rebinding
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import secrets
 from typing import Any, Optional
@@ -22,6 +21,7 @@ from typing import Any, Optional
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, session, url_for
 
 from ..errors import ConfigurationError, ZqsyncError
+from ..wire.endpoints import is_loopback
 from .fleet import Fleet
 
 log = logging.getLogger(__name__)
@@ -39,19 +39,9 @@ def check_bind(host: str, token: Optional[str]) -> None:
     :param token: the login token, or ``None``.
     :raises ConfigurationError: ``host`` is not loopback and ``token`` is empty.
     """
-    if not (token or _loopback(host)):
+    if not (token or is_loopback(host)):
         raise ConfigurationError(f"binding {host} (not loopback) needs --token-file: anyone who reaches the "
                                  "page could requeue, cancel and purge jobs", setting="bind")
-
-
-def _loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address, without port) is ``localhost`` or a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _host_name(host: str) -> str:
@@ -83,7 +73,7 @@ def _guard(app: Flask, token: Optional[str]) -> None:
     def check() -> Any:
         # Without a token only loopback is served: refuse another Host name, which a page that
         # re-pointed its own DNS name at 127.0.0.1 (DNS rebinding) would send.
-        if not token and not _loopback(_host_name(request.host)):
+        if not token and not is_loopback(_host_name(request.host)):
             return jsonify(error=f"Host {request.host!r} is not loopback; serve off loopback with --token-file"), 403
         if request.endpoint in OPEN_VIEWS:
             return None

@@ -92,6 +92,7 @@ class Dispatcher:
         self._running = True
 
     def start(self) -> None:
+        """Start the loop's native thread; from then on only it touches the sockets. Returns at once."""
         self._thread.start()
 
     @property
