@@ -193,9 +193,11 @@ def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
         "make jobs pending again with their attempts reset; a live worker that has the task runs them (within "
         "a second), or the next one to start. purge --state dead --older-than 7d: delete old done/dead rows. "
         "cancel ID...: a pending or delayed job never runs; with --endpoint (the worker's, over rpc) a running "
-        "one is also interrupted where it yields. Safe while the worker runs.",
+        "one is also interrupted where it yields. Safe while the worker runs. recover: rebuild a damaged "
+        "journal (\"database disk image is malformed\") from every row still readable, keeping the damaged "
+        "file aside; only with the worker stopped.",
     )
-    jobs.add_argument("action", nargs="?", choices=["list", "requeue", "purge", "cancel"], default="list")
+    jobs.add_argument("action", nargs="?", choices=["list", "requeue", "purge", "cancel", "recover"], default="list")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="job ids to requeue or cancel")
     jobs.add_argument("--state-dir", metavar="DIR", help="the worker's --state-dir (needed except for cancel "
                       "with --endpoint)")
@@ -466,6 +468,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                          + (" or --endpoint ENDPOINT" if args.action == "cancel" else ""))
     if not os.path.exists(journal_path(args.state_dir)):
         raise SystemExit(f"zqsync jobs: no journal in {args.state_dir!r} (is it the worker's --state-dir?)")
+    if args.action == "recover":
+        return _recover(args.state_dir)
     journal = Journal(args.state_dir)
     try:
         if args.action == "requeue":
@@ -501,6 +505,18 @@ def _job_json(row: Any) -> dict[str, Any]:
     except ProtocolError as exc:
         return {**fields, "args": None, "kwargs": None, "body_error": str(exc)}
     return {**fields, "args": list(request.args), "kwargs": request.kwargs}
+
+
+def _recover(state_dir: str) -> int:
+    from .errors import ConfigurationError
+    from .worker.journal import recover
+
+    try:
+        copied, aside = recover(state_dir)
+    except ConfigurationError as exc:
+        raise SystemExit(f"zqsync jobs recover: {exc}") from None
+    print(f"recovered {copied} job(s) into a new journal; the damaged file is kept as {aside}")
+    return 0
 
 
 def _requeue(journal: Any, args: argparse.Namespace) -> int:

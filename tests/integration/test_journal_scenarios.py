@@ -250,6 +250,10 @@ def test_a_journal_locked_at_startup_delays_replay_loudly_and_refuses_confirms_w
     assert "ERROR zqsync.worker.scheduler: journal replay failed" in worker.output()
 
 
+def zqsync_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zqsync", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
 def corrupt_indexes(journal: Path) -> None:
     """Overwrite the root page of every index of the (checkpointed) journal with garbage."""
     db = sqlite3.connect(journal)
@@ -267,7 +271,7 @@ def corrupt_indexes(journal: Path) -> None:
 def test_a_corrupt_journal_is_reported_at_error_again_and_again_and_confirms_are_refused(zq_worker, tmp_path):
     state, out, gate = tmp_path / "state", tmp_path / "out.txt", tmp_path / "gate"
     first = zq_worker(TASKS, extra_args=["--state-dir", str(state)], concurrency=2)
-    confirm_gated(first.endpoint, out, gate, 5)
+    acknowledged = confirm_gated(first.endpoint, out, gate, 5)
     first.stop(sig=signal.SIGKILL)
     corrupt_indexes(state / "journal.sqlite3")
     worker = zq_worker(TASKS, extra_args=["--state-dir", str(state)])
@@ -278,6 +282,18 @@ def test_a_corrupt_journal_is_reported_at_error_again_and_again_and_confirms_are
             client.enqueue_with_options("record", args=(str(out), "refused"), confirm=True)
         assert "malformed" in caught.value.remote_message
         assert client.call("zqsync.ping") == "pong", "the worker keeps serving calls"
+    assert "zqsync jobs recover" in worker.output(), "the log says how to repair it"
+    refused = zqsync_cli("jobs", "recover", "--state-dir", str(state))
+    assert refused.returncode != 0 and "stop it first" in refused.stderr, "never under a live worker"
+    worker.stop()
+    recovered = zqsync_cli("jobs", "recover", "--state-dir", str(state))
+    assert recovered.returncode == 0, recovered.stderr
+    assert f"recovered {len(acknowledged)} job(s)" in recovered.stdout
+    gate.touch()
+    zq_worker(TASKS, extra_args=["--state-dir", str(state)])
+    wait_for(lambda: sum(count_lines(out).values()) >= len(acknowledged), what="the acknowledged jobs to run after recover")
+    report("corrupt index pages, then zqsync jobs recover", acknowledged, count_lines(out))
+    assert count_lines(out) == Counter(acknowledged)
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced", "directory removed"])

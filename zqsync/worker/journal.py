@@ -267,24 +267,7 @@ class Journal:
         """Whether ``token``'s process still holds its lock. A dead owner's lock file is removed."""
         if token is None:
             return False
-        if token == self.token:
-            return True
-        path = self._owner_file(token)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        return False
+        return token == self.token or _lock_held(self._owner_file(token))
 
     def sweep_owners(self) -> int:
         """Remove the lock files of owners that are gone (a SIGKILLed process leaves its file behind);
@@ -495,6 +478,69 @@ class Journal:
                 pass
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _lock_held(path: str) -> bool:
+    """Whether a live process holds the ``flock`` of the owner file ``path``; a free one is removed."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return False
+
+
+def recover(state_dir: str) -> tuple[int, str]:
+    """Rebuild a damaged journal (``database disk image is malformed``) from the rows SQLite can still read.
+
+    Every row of ``jobs`` is read by a full table scan (``NOT INDEXED``, so a corrupt index page is
+    never touched), the damaged file and its ``-wal``/``-shm`` are moved aside to
+    ``journal.sqlite3.damaged-UNIXTIME``, and the rows are written into a new journal with fresh
+    indexes. Pending rows keep their owners, whose processes are gone, so the next worker claims and
+    replays them; done and dead rows keep their state. Blocking; run it with every worker on this
+    ``state_dir`` stopped (``zqsync jobs recover --state-dir DIR``).
+
+    :param state_dir: the worker's ``--state-dir``.
+    :returns: ``(rows copied, path of the damaged file kept aside)``.
+    :raises ConfigurationError: no journal in ``state_dir``, or a live worker still owns it.
+    :raises sqlite3.DatabaseError: the table's own pages are unreadable too (the damaged file is left in
+        place; ``sqlite3 journal.sqlite3 .recover`` may still save rows).
+    """
+    path = journal_path(state_dir)
+    if not os.path.exists(path):
+        raise ConfigurationError(f"no journal in {state_dir!r}", setting="state_dir")
+    owners = os.path.join(state_dir, OWNERS)
+    live = [name for name in (os.listdir(owners) if os.path.isdir(owners) else [])
+            if name.endswith(".lock") and _lock_held(os.path.join(owners, name))]
+    if live:
+        raise ConfigurationError(f"a worker still owns the journal in {state_dir!r} ({live[0][:-5]}): stop it first",
+                                 setting="state_dir")
+    damaged = sqlite3.connect(path, isolation_level=None)
+    try:
+        columns = [row[1] for row in damaged.execute("PRAGMA table_info(jobs)")]
+        rows = damaged.execute(f"SELECT {', '.join(columns)} FROM jobs NOT INDEXED").fetchall()
+    finally:
+        damaged.close()
+    aside = f"{path}.damaged-{int(time.time())}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    journal = Journal(state_dir)
+    insert = f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    try:
+        journal._transaction(lambda db: db.executemany(insert, rows))
+    finally:
+        journal.close()
+    return len(rows), aside
 
 
 def _forget_lock(journal: "weakref.ReferenceType[Journal]") -> Callable[[], None]:

@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from typing import Any, NamedTuple, Optional
 
@@ -429,8 +430,8 @@ class JobScheduler:
                 failures += 1
                 self.runner.counters["journal_errors"] += 1
                 delay = _retry_delay(failures, self.replay_interval)
-                log.error("journal replay failed (%d in a row), retrying in %.1f s: %s: %s",
-                          failures, delay, type(exc).__name__, exc)
+                log.error("journal replay failed (%d in a row), retrying in %.1f s: %s: %s%s",
+                          failures, delay, type(exc).__name__, exc, _repair_hint(exc, self.journal))
                 gevent.sleep(delay)
                 continue
             failures = 0
@@ -496,3 +497,11 @@ def _describe(error: ErrorInfo) -> str:
 
 
 __all__ = ["Job", "JobScheduler", "build_scheduler"]
+
+
+def _repair_hint(exc: Exception, journal: Any) -> str:
+    """What an operator can do about a damaged journal file (``exc`` from SQLite); empty otherwise."""
+    if not isinstance(exc, sqlite3.DatabaseError) or "malformed" not in str(exc):
+        return ""
+    return (f" (the journal file is damaged: stop the worker and run `zqsync jobs recover --state-dir "
+            f"{journal.state_dir if journal is not None else 'DIR'}`, which keeps every readable job)")
