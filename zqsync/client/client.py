@@ -22,7 +22,7 @@ from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
-from . import transport
+from . import express, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import JobStatus
@@ -230,6 +230,9 @@ class Client:
             self._counts["confirmed"] += 1
             return job_id
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
+        if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, self._jobs_address, frame):
+            self._counts["enqueued"] += 1
+            return job_id
         timeout = self.settings.send_timeout if send_timeout is None else send_timeout
         with self._push.lease(self._jobs_address) as sock:
             sent = CONGESTION.send(
