@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(90)
 
 def _child_enqueues(client: zqsync.Client) -> dict:
     ids = [client.enqueue_with_options("echo", args=(f"child-{n}",), store_result=True) for n in range(3)]
-    return {"pid": os.getpid(), "ids": ids}
+    # Wait for the jobs to run before the child exits: os._exit() skips the linger that would flush them.
+    return {"pid": os.getpid(), "ids": ids, "results": [client.result(job_id, timeout=10.0) for job_id in ids]}
 
 
 def test_c_level_forked_child_enqueues_through_its_own_socket_not_the_parents_idle_one(zq_worker):
@@ -34,6 +35,7 @@ def test_c_level_forked_child_enqueues_through_its_own_socket_not_the_parents_id
             assert client.result(first) == "parent-before"  # the PUSH socket is now idle in the pool
             child = run_in_c_fork(_child_enqueues, client)
             assert child["pid"] != os.getpid()
+            assert child["results"] == ["child-0", "child-1", "child-2"]
             results = [client.result(job_id, timeout=10.0) for job_id in child["ids"]]
             after = client.enqueue_with_options("echo", args=("parent-after",), store_result=True)
             results.append(client.result(after, timeout=10.0))
