@@ -21,9 +21,12 @@ follows:
   ``NOBLOCK`` send never waits), so no other lessee can hold it at the same
   time. The lock is taken without blocking: if another thread holds it, the
   lane declines (contention goes to the full path).
-* **The cap and its fairness (rules 5 and 6).** A permit is taken without
-  waiting for the duration of the send and given back; if none is free, or
-  greenlets queue for one, the lane declines, so it never overtakes a waiter.
+* **The cap and its fairness (rules 5 and 6).** The lane sends only if a
+  permit of the owner is free and nobody queues for one; otherwise it
+  declines, so it never overtakes a waiter. It reads the permits rather than
+  taking one: the send neither yields nor releases the lock, so for its
+  duration it is the one user of that free permit, and nothing can observe
+  the difference.
 * **Errors (rule 3).** Only a send that succeeds is counted. ``EAGAIN``
   (the high-water mark is full) and any other ``ZMQError`` make the lane
   decline: the full path then waits under congestion control, or meets the
@@ -53,7 +56,7 @@ from .owner import _native_local, current_hub, current_owner
 from .pool import SocketPool, _holders
 
 _slot = _native_local()
-_c_send = zmq.Socket.send  # the C-level send, even on a zmq.green socket: no EVENTS poll after it
+_c_send = zmq.backend.Socket.send  # the C-level send, even on a zmq.green socket: no EVENTS poll after it
 
 
 def owner_key(pid: int) -> tuple:
@@ -88,21 +91,15 @@ def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
         return False
     try:
         bucket = pool._idle.get(key)
-        return bool(bucket) and _send_on(pool, bucket[-1], permits, frame)
+        if not bucket or not permits.available():
+            return False
+        sock = bucket[-1]
+        try:
+            _c_send(sock, frame, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        pool._stats["reused"] += 1
+        pool.note_sent(sock)
+        return True
     finally:
         lock.release()
-
-
-def _send_on(pool: SocketPool, sock: zmq.Socket, permits: Any, frame: bytes) -> bool:
-    """One ``NOBLOCK`` send on ``sock`` under a permit taken without waiting. Caller holds the pool's lock."""
-    if not permits.acquire(blocking=False):
-        return False
-    try:
-        _c_send(sock, frame, zmq.NOBLOCK)
-    except zmq.ZMQError:
-        return False
-    finally:
-        permits.release()
-    pool._stats["reused"] += 1
-    pool.note_sent(sock)
-    return True

@@ -71,8 +71,8 @@ def _fd(sock: zmq.Socket) -> int:
     return _get(sock, zmq.FD)
 
 
-_c_send = zmq.Socket.send
-_c_recv = zmq.Socket.recv
+_c_send = zmq.backend.Socket.send  # C-level: neither zmq.green's EVENTS check nor the sugar layer
+_c_recv = zmq.backend.Socket.recv
 
 
 def send(sock: zmq.Socket, frame: bytes, timeout: Optional[float]) -> bool:
