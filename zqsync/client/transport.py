@@ -64,11 +64,11 @@ _get = zmq.Socket.get  # C-level: zmq.green's get() would run its own state chec
 
 
 def _events(sock: zmq.Socket) -> int:
-    return _get(sock, zmq.EVENTS)
+    return int(_get(sock, zmq.EVENTS))
 
 
 def _fd(sock: zmq.Socket) -> int:
-    return _get(sock, zmq.FD)
+    return int(_get(sock, zmq.FD))
 
 
 _c_send = zmq.backend.Socket.send  # C-level: neither zmq.green's EVENTS check nor the sugar layer
