@@ -80,9 +80,10 @@ COMPARISONS: tuple[Spec, ...] = (
          (_GEVENT_CALLS, "pooled / per-call wall"), inverted=True),
     Spec("pool", "300 greenlets", "300 greenlets: peak sockets", "DEALER per call",
          (_GEVENT_CALLS, "pooled: peak sockets in flight"), (_GEVENT_CALLS, "per-call: peak open sockets")),
-    Spec("congestion", "enqueue", "throughput, BLOCK (median burst)", "raw pyzmq PUSH loop",
-         ("healthy", "zqsync BLOCK: enqueue throughput"), ("healthy", "raw pyzmq PUSH: enqueue throughput"),
-         ("healthy", "zqsync BLOCK / raw per-job time"), inverted=True),
+    *(Spec("congestion", "enqueue", f"throughput, BLOCK, {mode} (median burst)", f"{loop}, same encoder",
+           (f"healthy {mode}", "zqsync BLOCK: enqueue throughput"), (f"healthy {mode}", "raw pyzmq PUSH: enqueue throughput"),
+           (f"healthy {mode}", "zqsync BLOCK enqueue rate / "))
+      for mode, loop in (("plain", "raw pyzmq PUSH loop"), ("gevent", "raw zmq.green PUSH loop"))),
     *(Spec("rq", topic, f"throughput, {label}", f"RQ on redis-server ({redis})",
            (mode, f"zqsync {kind}: enqueue throughput"), (mode, f"RQ, {redis}: "),
            (mode, f"zqsync {kind} / RQ, {redis} throughput"))

@@ -22,7 +22,7 @@ from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
-from . import transport
+from . import express, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import JobStatus
@@ -141,7 +141,11 @@ class Client:
         Blocks (cooperatively under gevent) only while the worker's high-water
         mark is full, bounded by the congestion settings.
         """
-        return self.enqueue_with_options(task, args=args, kwargs=kwargs)
+        if self._routed or self._closed:  # matching a route, or raising ClientClosed: the general path
+            return self.enqueue_with_options(task, args=args, kwargs=kwargs)
+        job_id = os.urandom(16).hex()
+        frame = envelope.encode_request("job", job_id, _task_name(task), args, kwargs)
+        return self._send_job(frame, job_id, self.congestion, None)
 
     def enqueue_with_options(
         self,
@@ -230,6 +234,13 @@ class Client:
             self._counts["confirmed"] += 1
             return job_id
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
+        return self._send_job(frame, job_id, mode, send_timeout)
+
+    def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
+        """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
+        if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, self._jobs_address, frame):
+            self._counts["enqueued"] += 1
+            return job_id
         timeout = self.settings.send_timeout if send_timeout is None else send_timeout
         with self._push.lease(self._jobs_address) as sock:
             sent = CONGESTION.send(

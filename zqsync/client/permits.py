@@ -47,6 +47,10 @@ class ThreadPermits:
         with self._lock:
             self._value += 1
 
+    def available(self) -> bool:
+        """Whether a permit is free now (a read, without taking it)."""
+        return self._value > 0
+
 
 class FairPermits:
     """A first-in, first-out counting semaphore for the greenlets of one hub.
@@ -86,6 +90,10 @@ class FairPermits:
             return True
         except ValueError:
             return False
+
+    def available(self) -> bool:
+        """Whether a permit is free now and nobody queues for one (a read, without taking it)."""
+        return self._value > 0 and not self._waiters
 
     def release(self) -> None:
         """Give a permit back: to the oldest waiter if there is one."""

@@ -33,6 +33,11 @@ rule numbers below refer to it.
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
   sockets (rule 12, ``transport.py``).
 
+``Client.enqueue`` first tries ``express.py``: one non-blocking send on an
+idle socket of the bucket, in place under this pool's lock, declining to the
+full lease on a fork, contention, first use, a full high-water mark or any
+error; its docstring says how each rule above still holds.
+
 Liveness. A socket that receives replies (DEALER) sends ZMTP heartbeats
 (``ZQSYNC_HEARTBEAT`` seconds apart, dead after three unanswered): it carries
 one request at a time, so the worker's libzmq always reads its connection and

@@ -54,8 +54,10 @@ caller instead of being counted as enqueued and dropped at the worker:
 
 from __future__ import annotations
 
+import _thread
 import math
 import reprlib
+import sys
 import time
 from typing import Any, NamedTuple, Optional
 
@@ -108,9 +110,27 @@ class Reply(NamedTuple):
     error: dict[str, str] | None
 
 
+def _native_local() -> Any:
+    """A per-native-thread slot (``threading.local`` is per greenlet under monkey-patching)."""
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey.get_original("_thread", "_local")() if monkey is not None else _thread._local()
+
+
+_packers = _native_local()
+
+
+def _packer() -> msgpack.Packer:
+    """This thread's reused ``Packer``: packing never yields, so greenlets of one thread share it.
+    A failed ``pack`` resets its buffer (``autoreset``)."""
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer
+
+
 def _pack(message: dict[str, Any]) -> bytes:
     try:
-        return msgpack.packb(message, use_bin_type=True)
+        return _packer().pack(message)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"cannot encode message for task arguments or result: {exc}") from exc
 
@@ -260,8 +280,18 @@ def _check_arguments(args: list[Any], kwargs: Any) -> None:
     bad = [key for key in kwargs if not isinstance(key, str)]
     if bad:
         raise ProtocolError(f"field 'kwargs' must be a map with str keys, got key {_short(bad[0])}")
+    if len(args) <= MAX_ITEMS and len(kwargs) <= MAX_ITEMS and _all_scalar(args) and _all_scalar(kwargs.values()):
+        return  # the common case: flat arguments, nothing to walk
     _check_value(args)
     _check_value(kwargs)
+
+
+#: Types of values with nothing inside them to check (exact types: a subclass takes the full walk).
+SCALAR_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
+
+
+def _all_scalar(values: Any) -> bool:
+    return all(type(value) in SCALAR_TYPES for value in values)
 
 
 def _check_value(value: Any) -> None:

@@ -1,0 +1,105 @@
+"""Enqueue's express lane: one non-blocking send on an idle pooled PUSH socket, in place.
+
+:func:`try_send` is what ``Client.enqueue`` tries first. It either hands the
+frame to ZeroMQ at once and returns ``True``, or touches nothing and returns
+``False``; the caller then takes the full path (``SocketPool.lease`` and
+congestion control), which applies every rule on its own.
+
+It bypasses the lease object, the permit wait and congestion control's
+timers, and keeps the pool's rules (docs/design.md, "The pool's rules") as
+follows:
+
+* **Fork check on every call (rule 9).** ``os.getpid()`` is compared with the
+  pool's pid before anything else; after a fork the lane declines and the
+  full lease resets the pool. The per-thread owner cache below also carries
+  the pid and is rebuilt when it differs.
+* **Per-owner keying (rule 1).** The owner key comes from a per-native-thread
+  cache of ``(pid, hub, key)``, checked against the current pid and the
+  thread's current hub on every call; a miss asks :func:`current_owner`.
+* **Exclusive lease (rule 2).** The socket stays in its idle bucket and is
+  used only while the pool's lock is held, without yielding (a C-level
+  ``NOBLOCK`` send never waits), so no other lessee can hold it at the same
+  time. The lock is taken without blocking: if another thread holds it, the
+  lane declines (contention goes to the full path).
+* **The cap and its fairness (rules 5 and 6).** The lane sends only if a
+  permit of the owner is free and nobody queues for one; otherwise it
+  declines, so it never overtakes a waiter. It reads the permits rather than
+  taking one: the send neither yields nor releases the lock, so for its
+  duration it is the one user of that free permit, and nothing can observe
+  the difference.
+* **Errors (rule 3).** Only a send that succeeds is counted. ``EAGAIN``
+  (the high-water mark is full) and any other ``ZMQError`` make the lane
+  decline: the full path then waits under congestion control, or meets the
+  error inside a lease, which discards the socket. A send either queues the
+  whole frame or nothing, so a declined attempt never queued half a job.
+* **Nested leases (rule 7).** A caller that holds a lease is declined; the
+  full lease raises :class:`PoolError`.
+* **First use** (no bucket, no idle socket) and a closed pool decline too.
+  Owners that ended are swept by the full path and the sweeper thread
+  (rule 8); the lane never creates an owner or a socket.
+
+Congestion control: the lane runs only for an address that is not marked
+congested. A successful non-blocking send is what BLOCK and an unmarked DROP
+would do first, and clears nothing that is set; a marked address (early drop)
+always takes the full path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import greenlet
+import zmq
+
+from .owner import _native_local, current_hub, current_owner
+from .pool import SocketPool, _holders
+
+_slot = _native_local()
+_c_send = zmq.backend.Socket.send  # the C-level send, even on a zmq.green socket: no EVENTS poll after it
+
+
+def owner_key(pid: int) -> tuple:
+    """The calling thread's (or hub's) owner key, from a per-thread cache checked against ``pid`` and the hub."""
+    hub = current_hub()
+    cached = getattr(_slot, "cached", None)
+    if cached is not None and cached[0] == pid and cached[1] is hub:
+        return cached[2]
+    key = current_owner(pid).key
+    _slot.cached = (pid, hub, key)
+    return key
+
+
+def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
+    """Send ``frame`` on an idle socket of ``pool`` for ``address`` without waiting.
+
+    :param pool: a send-only (PUSH) :class:`SocketPool`.
+    :param address: the endpoint (or tuple of endpoints) the bucket is keyed by.
+    :param frame: the encoded request, bytes.
+    :returns: ``True`` if ZeroMQ took the frame; ``False`` if the lane declined
+        (see the module docstring) and nothing was sent.
+
+    Never blocks and never raises a ``ZMQError``.
+    """
+    pid = os.getpid()
+    if pool._pid != pid or pool._closed or greenlet.getcurrent() in _holders:
+        return False
+    key = (owner_key(pid), address)
+    permits = pool._permits.get(key)
+    lock = pool._lock
+    if permits is None or not lock.acquire(False):
+        return False
+    try:
+        bucket = pool._idle.get(key)
+        if not bucket or not permits.available():
+            return False
+        sock = bucket[-1]
+        try:
+            _c_send(sock, frame, zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        pool._stats["reused"] += 1
+        pool.note_sent(sock)
+        return True
+    finally:
+        lock.release()
