@@ -84,6 +84,7 @@ from . import fleet
 from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
 from .dispatch import ADMIN, ADMIT, SLOT, kind_of
+from .inline import Reader, run_inline
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
@@ -312,6 +313,7 @@ class Worker:
             original_signal(signum, self._on_signal)
         self.watchdog.start()
         self.scheduler.start()
+        self._readers = (Reader(self.jobs), Reader(self.rpc))
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         self._queue_receivers = [gevent.spawn(queue.receive, self.scheduler.run_plain) for queue in self.queues]
         self._receivers += self._queue_receivers
@@ -375,27 +377,49 @@ class Worker:
             taken.clear()
 
     def _receive_jobs(self) -> None:
-        while True:
+        """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
+        inline in this greenlet unless another took the slot meanwhile."""
+        current, reader = gevent.getcurrent(), self._readers[0]
+        while self._receivers[0] is current:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            frame = self.jobs.recv()
-            self._slots.spawn(self.scheduler.run_plain, frame)
+            frame = reader.recv()
+            if not self._slots.free_count():
+                self._slots.spawn(self.scheduler.run_plain, frame)
+            elif not self._inline(0, self.scheduler.run_plain, frame):
+                return
             self._taken[SLOT].set()
 
     def _receive_calls(self) -> None:
-        # A call needs a task slot: it waits for one in a greenlet of its own
-        # (up to WAITING_CALLS of them; past that, receiving stops). The worker's
-        # own calls need no slot and run at once. A confirmed job needs only to be
-        # journaled, so it is admitted without a task slot, up to a backlog
+        # A call needs a task slot: with one free (and no call waiting), it runs
+        # inline in this greenlet (inline.py); else it waits for one in a greenlet
+        # of its own (up to WAITING_CALLS of them; past that, receiving stops). The
+        # worker's own calls need no slot and run at once. A confirmed job needs only
+        # to be journaled, so it is admitted without a task slot, up to a backlog
         # bound (scheduler.py); the journal, not the task pool, buffers it.
         # The worker's own zqsync.* calls take no slot either: a long-poll
         # (zqsync.result) or a cancel must not wait behind the tasks it is about.
-        while True:
-            frames = self.rpc.recv_multipart()
+        current, reader = gevent.getcurrent(), self._readers[1]
+        while self._receivers[1] is current:
+            frames = reader.recv_multipart()
             envelope = frames[: self._envelope]
             self._note_identity(envelope[-1])
             decoded = self._decode(frames)
             self._took(self._receive_call(envelope, decoded))
+
+    def _inline(self, index: int, fn: Any, *args: Any) -> bool:
+        """Run ``fn(*args)`` in receiver ``index`` (0: jobs, 1: rpc), which holds a free slot. If it
+        yields, a new receiver takes over (and, under a supervisor, the slot credit counts as used);
+        returns whether the caller is still the receiver."""
+        current = self._receivers[index]
+
+        def hand_off() -> None:
+            if index:
+                self._calls.add(current)  # an in-flight call: the rpc socket closes after it answers
+            self._receivers[index] = gevent.spawn(self._receive_calls if index else self._receive_jobs)
+            self._took(SLOT if self.backend else None)
+
+        return run_inline(self._slots, hand_off, fn, *args)
 
     def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
         """Start or answer one rpc message. Returns the credit it used (``dispatch.py``) if its start is
@@ -410,6 +434,9 @@ class Worker:
             self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
         elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
             self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
+        elif self._slots.free_count() and not len(self._waiting):
+            if not self._inline(1, self._answer, self.runner.answer_call, envelope, *decoded):
+                return None  # handed off: the credit was counted then
         else:
             self._waiting.spawn(self._start_call, envelope, *decoded)
             return None
@@ -461,7 +488,7 @@ class Worker:
     def _reply(self, envelope: list[bytes], reply: bytes) -> None:
         self._replied_at = time.monotonic()
         try:
-            self.rpc.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
+            self._readers[1].send_multipart([*envelope, reply])
         except zmq.Again:
             log.warning("dropped a reply: client %r is not reading", envelope[-1])
 
