@@ -37,7 +37,6 @@ import zmq
 
 import zqsync
 from benchmarks.harness import (
-    PAYLOAD,
     Env,
     Row,
     base_parser,

@@ -83,7 +83,7 @@ from ..wire.envelope import encode_error
 from . import fleet
 from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
-from .dispatch import ADMIN, ADMIT, SLOT, kind_of
+from .dispatch import ADMIN, ADMIT, CREDITS_MAX, SLOT, kind_of
 from .inline import Reader, run_inline
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
@@ -201,6 +201,7 @@ class Worker:
         self._credits: Optional[zmq.Socket] = None
         # Set when the work of the last slot / admit credit was received and started (dispatch.py).
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
+        self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
         self._offering: list[gevent.Greenlet] = []
 
     # -- sockets -----------------------------------------------------------
@@ -361,20 +362,30 @@ class Worker:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: gevent.pool.Pool) -> None:
-        """Under a supervisor: send one ``kind`` credit (``dispatch.py``) whenever ``pool`` has room
-        and the work of the last one has started.
+        """Under a supervisor: keep up to :data:`~zqsync.worker.dispatch.CREDITS_MAX` ``kind`` credits
+        (``dispatch.py``) outstanding, never more than ``pool`` has free slots.
 
-        The receivers set ``_taken[kind]`` right after spawning that work, and
-        gevent runs callbacks in order, so the task's greenlet runs before this
-        one wakes: a task that blocks the hub from its start blocks the next credit too.
+        After work of its credits has started, it sends one message that both
+        acknowledges it (the router prefers children that acknowledge promptly)
+        and carries the new credits, possibly none. The receivers count the
+        start right after running or spawning that work, and gevent runs
+        callbacks in order, so the task runs before this greenlet wakes: a task
+        that blocks the hub from its start blocks the acknowledgement too.
         """
         assert self.backend is not None
         name, taken = self.backend[0].encode(), self._taken[kind]
+        outstanding = 0
         while True:
-            pool.wait_available()
-            credits.send_multipart([name, kind])
-            taken.wait()
-            taken.clear()
+            outstanding = max(0, outstanding - self._started[kind])
+            self._started[kind] = 0
+            room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
+            credits.send_multipart([name, kind, b"%d" % room])
+            outstanding += room
+            if outstanding:
+                taken.wait()
+                taken.clear()
+            else:
+                pool.wait_available()
 
     def _receive_jobs(self) -> None:
         """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
@@ -388,7 +399,7 @@ class Worker:
                 self._slots.spawn(self.scheduler.run_plain, frame)
             elif not self._inline(0, self.scheduler.run_plain, frame):
                 return
-            self._taken[SLOT].set()
+            self._took(SLOT)
 
     def _receive_calls(self) -> None:
         # A call needs a task slot: with one free (and no call waiting), it runs
@@ -454,6 +465,7 @@ class Worker:
     def _took(self, kind: Optional[bytes]) -> None:
         """The work of a ``kind`` credit has started: the next credit may go (:meth:`_offer_work`)."""
         if kind is not None:
+            self._started[kind] += 1
             self._taken[kind].set()
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
