@@ -42,7 +42,7 @@ class Reader:
 
     def __init__(self, sock: zmq.Socket) -> None:
         self.sock = sock
-        self.raw = zmq.Socket.shadow(sock.underlying)
+        self.raw: zmq.Socket = zmq.Socket.shadow(sock.underlying)
         self._hub = gevent.get_hub()
         self._watcher = self._hub.loop.io(self.raw.getsockopt(zmq.FD), READ)
         self._waiter: Optional[Waiter] = None
