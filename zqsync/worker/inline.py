@@ -43,6 +43,7 @@ class Reader:
     def __init__(self, sock: zmq.Socket) -> None:
         self.sock = sock
         self.raw: zmq.Socket = zmq.Socket.shadow(sock.underlying)
+        _quiet(sock)
         self._hub = gevent.get_hub()
         self._watcher = self._hub.loop.io(self.raw.getsockopt(zmq.FD), READ)
         self._waiter: Optional[Waiter] = None
@@ -89,6 +90,16 @@ class Reader:
         finally:
             self._watcher.stop()
             self._waiter = None
+
+
+def _quiet(sock: zmq.Socket) -> None:
+    """Stop a ``zmq.green`` socket's own persistent read watcher, which reads ``EVENTS`` (two system
+    calls) on every wake-up of the descriptor. What that socket keeps: ``NOBLOCK`` operations and
+    ``zmq.green`` polls (own watchers); what it loses: prompt wake-ups of *blocking* green sends and
+    receives (they fall back to pyzmq's 11.6 s re-check), which the worker no longer makes on it."""
+    watcher = getattr(sock, "_state_event", None)
+    if watcher is not None:
+        watcher.stop()
 
 
 def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callable[..., Any], *args: Any) -> bool:
