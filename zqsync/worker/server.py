@@ -4,6 +4,12 @@ Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
 so a busy worker stops draining its jobs socket, the high-water mark fills,
 and the clients' congestion control sees it.
 
+Both receivers read at C level and drain their socket before waiting on
+it, and run a job or call inline, in the receiving greenlet, when a slot
+is free (no greenlet spawn when it finishes without yielding); a task that
+yields hands receiving over to a new greenlet (``inline.py``). A call that
+finds every slot taken waits for one in a greenlet of its own, as below.
+
 Standalone, the worker binds both sockets. As a child of a prefork
 supervisor (``supervisor.py``) it connects them to its private backends
 instead (rpc requests then carry the supervisor's routing id in front of
