@@ -12,6 +12,8 @@ for ``rq``, its command line in a subprocess (``--json``), in this order:
 pool       sequential call round trip against a raw persistent DEALER and a
            DEALER per request (plain and gevent); 300 greenlets: wall time
            and peak sockets
+worker     call round trip against a raw DEALER to a minimal pyzmq ROUTER
+           echo (same envelope code); the worker's main-thread CPU per call
 zerorpc    call round trip against zerorpc (both under gevent)
 congestion enqueue throughput against a raw PUSH loop; DROP's early drop with
            a stalled worker
@@ -83,6 +85,8 @@ class Scenario:
 
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("pool", "call round trip vs raw and per-request DEALERs; 300 greenlets", "bench_pool"),
+    Scenario("worker", "call round trip vs a raw DEALER to a minimal pyzmq ROUTER echo; worker CPU per call",
+             "bench_worker"),
     Scenario("zerorpc", "call round trip vs zerorpc", "bench_zerorpc", "zerorpc_unavailable"),
     Scenario("congestion", "enqueue vs a raw PUSH loop; DROP early drop, stalled worker", "bench_congestion"),
     Scenario("rq", "enqueue and confirmed enqueue vs RQ on redis-server", "bench_rq", script=True),

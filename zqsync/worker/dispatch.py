@@ -2,12 +2,18 @@
 
 The load-balancing broker pattern. Every child has private ``ipc://``
 backends of its own, bound here: a PUSH for its jobs and a DEALER for its
-calls (and their replies). A child offers work by sending one *credit*
-(its jobs endpoint and ``slot``) to the shared credits socket when a task
-slot is free; it sends the next one only once the work it got has started
-(``server.py``). So a child whose hub is blocked (a task that never yields,
-a SIGSTOP) or whose slots are full gets nothing while a sibling is free,
-and the broker reads the public sockets only while some child has a
+calls (and their replies). A child offers work by sending *credits*
+(its jobs endpoint, ``slot`` and a count) to the shared credits socket: up to
+:data:`CREDITS_MAX` outstanding, never more than its free task slots, so the
+router need not wait for a round trip per message. Each time work it got has
+started, the child sends one such message (with zero or more new credits),
+which also acknowledges that work (``server.py``). A child that has not
+acknowledged work for :data:`SUSPECT_AFTER` seconds is passed over while a
+sibling is not suspected (the work waits for that sibling's credits): so a child whose hub is blocked (a task that never
+yields, a SIGSTOP) gets at most its remaining credits' worth of messages
+(``CREDITS_MAX - 1`` at most, only those sent within ``SUSPECT_AFTER`` of its
+block) and then nothing while a sibling is free; a child whose slots are full
+has no credits. The broker reads the public sockets only while some child has a
 credit: unrouted work waits in the public queues, where the clients'
 congestion control sees it. Confirmed jobs need no task slot, only to be
 journaled, so they travel on ``admit`` credits, which a child offers while
@@ -32,7 +38,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import msgpack
 import zmq
@@ -46,6 +52,11 @@ SLOT, ADMIT, ADMIN = b"slot", b"admit", b"admin"
 HOLD_MAX = 1000
 #: Task names of the worker's own calls (``registry.RESERVED_PREFIX``).
 ADMIN_PREFIX = "zqsync."
+#: Most credits of one kind a child holds at once (never more than its free slots).
+CREDITS_MAX = 8
+#: Seconds after which a child that has not acknowledged the work sent to it is passed over
+#: while a sibling is not: its hub is probably blocked.
+SUSPECT_AFTER = 0.05
 
 
 class _Route:
@@ -78,6 +89,7 @@ class Dispatcher:
         self.credits.bind(f"ipc://{directory}/credits")
         self.routes: dict[bytes, _Route] = {}
         self.ready: dict[bytes, collections.deque[bytes]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
+        self.unacked: dict[bytes, float] = {}  # child -> when it was sent work it has not acknowledged yet
         self.held: dict[bytes, collections.deque[list[bytes]]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
         self._turns = 0  # round-robin counter for the messages sent without a credit
         self.stopping = False  # set by refuse_calls: the children refuse rpc work, no credit needed
@@ -136,6 +148,7 @@ class Dispatcher:
     def remove_child(self, jobs_endpoint: str) -> None:
         """Forget an exited child and close its backends."""
         route = self.routes.pop(jobs_endpoint.encode(), None)
+        self.unacked.pop(jobs_endpoint.encode(), None)
         if route is not None:
             route.jobs.close()
             route.rpc.close()
@@ -183,7 +196,7 @@ class Dispatcher:
         poller = zmq.Poller()
         for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
             poller.register(sock, zmq.POLLIN)
-        if self.ready[SLOT]:
+        if self._usable(SLOT) is not None:
             poller.register(self.jobs_front, zmq.POLLIN)
         if self._holding() < HOLD_MAX:
             poller.register(self.rpc_front, zmq.POLLIN)
@@ -191,9 +204,10 @@ class Dispatcher:
         if self._wake in events:
             self._run_commands()
         while self.credits.poll(0):
-            name, kind = self.credits.recv_multipart()
+            name, kind, count = self.credits.recv_multipart()
+            self.unacked.pop(name, None)
             if self.routes.get(name, _CLOSED).open:
-                self.ready[kind].append(name)
+                self.ready[kind].extend([name] * int(count))
         for route in list(self.routes.values()):
             if route.rpc in events:
                 self.rpc_front.send_multipart(route.rpc.recv_multipart())
@@ -216,7 +230,7 @@ class Dispatcher:
                 self.held[kind].append(frames)
             moved = True
         for kind, held in self.held.items():
-            while held and (self.ready[kind] or self.stopping):
+            while held and (self.stopping or self._usable(kind) is not None):
                 frames = held.popleft()
                 self._route_any(frames) if self.stopping else self._route(frames, "rpc", kind)
                 moved = True
@@ -240,7 +254,7 @@ class Dispatcher:
 
     def _route_job(self) -> bool:
         """Route the next job of the public queue if some child has a slot credit; ``False`` if none moved."""
-        if not self.ready[SLOT]:
+        if self._usable(SLOT) is None:
             return False
         try:
             frame = self.jobs_front.recv(zmq.NOBLOCK)
@@ -256,12 +270,33 @@ class Dispatcher:
             self.ready[kind] = collections.deque(name for name in names if self.routes.get(name, _CLOSED).open)
 
     def _route(self, frames: list[bytes], socket: str, kind: bytes) -> None:
-        """Send ``frames`` to the child that offered a ``kind`` credit first (there is one)."""
-        route = self.routes[self.ready[kind].popleft()]
+        """Send ``frames`` to the child of the next usable ``kind`` credit (:meth:`_usable`: there is one)."""
+        ready = self.ready[kind]
+        index = self._usable(kind)
+        assert index is not None
+        name = ready[index]
+        del ready[index]
+        self.unacked.setdefault(name, time.monotonic())
+        route = self.routes[name]
         try:
             getattr(route, socket).send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             self._drop(socket, "the child that asked for it is gone")
+
+    def _usable(self, kind: bytes) -> Optional[int]:
+        """Index in ``ready[kind]`` of the credit to use next, or ``None`` if none may be used now.
+
+        The first credit, except that children which have not acknowledged their work for
+        :data:`SUSPECT_AFTER` seconds are passed over (even with no other credit yet) while some
+        open child is not suspected: its credits will come."""
+        ready = self.ready[kind]
+        if not ready:
+            return None
+        now = time.monotonic()
+        suspects = {name for name, since in self.unacked.items() if now - since > SUSPECT_AFTER}
+        if not suspects or all(name in suspects for name, route in self.routes.items() if route.open):
+            return 0
+        return next((index for index, name in enumerate(ready) if name not in suspects), None)
 
     def _drop(self, kind: str, why: str) -> None:
         self.lost += 1

@@ -4,6 +4,12 @@ Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
 so a busy worker stops draining its jobs socket, the high-water mark fills,
 and the clients' congestion control sees it.
 
+Both receivers read at C level and drain their socket before waiting on
+it, and run a job or call inline, in the receiving greenlet, when a slot
+is free (no greenlet spawn when it finishes without yielding); a task that
+yields hands receiving over to a new greenlet (``inline.py``). A call that
+finds every slot taken waits for one in a greenlet of its own, as below.
+
 Standalone, the worker binds both sockets. As a child of a prefork
 supervisor (``supervisor.py``) it connects them to its private backends
 instead (rpc requests then carry the supervisor's routing id in front of
@@ -83,7 +89,8 @@ from ..wire.envelope import encode_error
 from . import fleet
 from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
-from .dispatch import ADMIN, ADMIT, SLOT, kind_of
+from .dispatch import ADMIN, ADMIT, CREDITS_MAX, SLOT, kind_of
+from .inline import Reader, run_inline
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
@@ -200,6 +207,7 @@ class Worker:
         self._credits: Optional[zmq.Socket] = None
         # Set when the work of the last slot / admit credit was received and started (dispatch.py).
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
+        self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
         self._offering: list[gevent.Greenlet] = []
 
     # -- sockets -----------------------------------------------------------
@@ -312,6 +320,7 @@ class Worker:
             original_signal(signum, self._on_signal)
         self.watchdog.start()
         self.scheduler.start()
+        self._readers = (Reader(self.jobs), Reader(self.rpc))
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         self._queue_receivers = [gevent.spawn(queue.receive, self.scheduler.run_plain) for queue in self.queues]
         self._receivers += self._queue_receivers
@@ -359,43 +368,75 @@ class Worker:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: gevent.pool.Pool) -> None:
-        """Under a supervisor: send one ``kind`` credit (``dispatch.py``) whenever ``pool`` has room
-        and the work of the last one has started.
+        """Under a supervisor: keep up to :data:`~zqsync.worker.dispatch.CREDITS_MAX` ``kind`` credits
+        (``dispatch.py``) outstanding, never more than ``pool`` has free slots.
 
-        The receivers set ``_taken[kind]`` right after spawning that work, and
-        gevent runs callbacks in order, so the task's greenlet runs before this
-        one wakes: a task that blocks the hub from its start blocks the next credit too.
+        After work of its credits has started, it sends one message that both
+        acknowledges it (the router prefers children that acknowledge promptly)
+        and carries the new credits, possibly none. The receivers count the
+        start right after running or spawning that work, and gevent runs
+        callbacks in order, so the task runs before this greenlet wakes: a task
+        that blocks the hub from its start blocks the acknowledgement too.
         """
         assert self.backend is not None
         name, taken = self.backend[0].encode(), self._taken[kind]
+        outstanding = 0
         while True:
-            pool.wait_available()
-            credits.send_multipart([name, kind])
-            taken.wait()
-            taken.clear()
+            outstanding = max(0, outstanding - self._started[kind])
+            self._started[kind] = 0
+            room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
+            credits.send_multipart([name, kind, b"%d" % room])
+            outstanding += room
+            if outstanding:
+                taken.wait()
+                taken.clear()
+            else:
+                pool.wait_available()
 
     def _receive_jobs(self) -> None:
-        while True:
+        """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
+        inline in this greenlet unless another took the slot meanwhile."""
+        current, reader = gevent.getcurrent(), self._readers[0]
+        while self._receivers[0] is current:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            frame = self.jobs.recv()
-            self._slots.spawn(self.scheduler.run_plain, frame)
-            self._taken[SLOT].set()
+            frame = reader.recv()
+            if not self._slots.free_count():
+                self._slots.spawn(self.scheduler.run_plain, frame)
+            elif not self._inline(0, self.scheduler.run_plain, frame):
+                return
+            self._took(SLOT)
 
     def _receive_calls(self) -> None:
-        # A call needs a task slot: it waits for one in a greenlet of its own
-        # (up to WAITING_CALLS of them; past that, receiving stops). The worker's
-        # own calls need no slot and run at once. A confirmed job needs only to be
-        # journaled, so it is admitted without a task slot, up to a backlog
+        # A call needs a task slot: with one free (and no call waiting), it runs
+        # inline in this greenlet (inline.py); else it waits for one in a greenlet
+        # of its own (up to WAITING_CALLS of them; past that, receiving stops). The
+        # worker's own calls need no slot and run at once. A confirmed job needs only
+        # to be journaled, so it is admitted without a task slot, up to a backlog
         # bound (scheduler.py); the journal, not the task pool, buffers it.
         # The worker's own zqsync.* calls take no slot either: a long-poll
         # (zqsync.result) or a cancel must not wait behind the tasks it is about.
-        while True:
-            frames = self.rpc.recv_multipart()
+        current, reader = gevent.getcurrent(), self._readers[1]
+        while self._receivers[1] is current:
+            frames = reader.recv_multipart()
             envelope = frames[: self._envelope]
             self._note_identity(envelope[-1])
             decoded = self._decode(frames)
             self._took(self._receive_call(envelope, decoded))
+
+    def _inline(self, index: int, fn: Any, *args: Any) -> bool:
+        """Run ``fn(*args)`` in receiver ``index`` (0: jobs, 1: rpc), which holds a free slot. If it
+        yields, a new receiver takes over (and, under a supervisor, the slot credit counts as used);
+        returns whether the caller is still the receiver."""
+        current = self._receivers[index]
+
+        def hand_off() -> None:
+            if index:
+                self._calls.add(current)  # an in-flight call: the rpc socket closes after it answers
+            self._receivers[index] = gevent.spawn(self._receive_calls if index else self._receive_jobs)
+            self._took(SLOT if self.backend else None)
+
+        return run_inline(self._slots, hand_off, fn, *args)
 
     def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
         """Start or answer one rpc message. Returns the credit it used (``dispatch.py``) if its start is
@@ -410,6 +451,9 @@ class Worker:
             self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
         elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
             self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
+        elif self._slots.free_count() and not len(self._waiting):
+            if not self._inline(1, self._answer, self.runner.answer_call, envelope, *decoded):
+                return None  # handed off: the credit was counted then
         else:
             self._waiting.spawn(self._start_call, envelope, *decoded)
             return None
@@ -427,6 +471,7 @@ class Worker:
     def _took(self, kind: Optional[bytes]) -> None:
         """The work of a ``kind`` credit has started: the next credit may go (:meth:`_offer_work`)."""
         if kind is not None:
+            self._started[kind] += 1
             self._taken[kind].set()
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
@@ -461,7 +506,7 @@ class Worker:
     def _reply(self, envelope: list[bytes], reply: bytes) -> None:
         self._replied_at = time.monotonic()
         try:
-            self.rpc.send_multipart([*envelope, reply], flags=zmq.NOBLOCK)
+            self._readers[1].send_multipart([*envelope, reply])
         except zmq.Again:
             log.warning("dropped a reply: client %r is not reading", envelope[-1])
 

@@ -1,0 +1,58 @@
+"""The worker's fast receive path (``zqsync/worker/inline.py``): fast tasks run inline in the receiving
+greenlet, and a task that yields hands receiving over, so nothing waits behind it."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import zqsync
+from tests.helpers import slack, wait_for
+
+TASKS = "tests.integration.inline_tasks:registry"
+NAP = 3.0
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def call_once(endpoint, task, *args):
+    with zqsync.Client(endpoint, call_timeout=NAP * 4) as client:
+        return client.call(task, *args)
+
+
+def test_fast_calls_run_inline_in_one_greenlet_without_a_spawn_each(zq_worker):
+    worker = zq_worker(TASKS, concurrency=4)
+    with zqsync.Client(worker.endpoint) as client:
+        runs = [client.call("runs_in") for _ in range(20)]
+    # One greenlet (the receiver) ran them all: a greenlet spawned per call would say 1 every time.
+    assert runs[-1] - runs[0] == 19, runs
+
+
+def test_a_call_that_yields_hands_receiving_over(zq_worker):
+    worker = zq_worker(TASKS, concurrency=4)
+    with ThreadPoolExecutor(1) as pool, zqsync.Client(worker.endpoint, call_timeout=NAP * 4) as client:
+        napping = pool.submit(call_once, worker.endpoint, "nap", NAP)
+        wait_for(lambda: client.call("zqsync.stats")["in_flight"] == 1, what="the nap to start")
+        started = time.monotonic()
+        quick = [client.call("runs_in") for _ in range(5)]
+        seconds = time.monotonic() - started
+        assert napping.result(timeout=NAP * 4) == NAP
+    assert seconds < slack(NAP / 3), f"quick calls took {seconds:.2f} s: they waited for the napping call"
+    assert len(quick) == 5
+
+
+def test_a_job_that_yields_hands_receiving_over(zq_worker, tmp_path):
+    worker = zq_worker(TASKS, concurrency=4)
+    target = tmp_path / "ran"
+    with zqsync.Client(worker.endpoint) as client:
+        client.enqueue("nap", NAP)
+        wait_for(lambda: client.call("zqsync.stats")["in_flight"] == 1, what="the napping job to start")
+        started = time.monotonic()
+        for _ in range(3):
+            client.enqueue("record", str(target))
+        wait_for(lambda: target.exists() and len(target.read_text().split()) == 3, timeout=NAP * 2,
+                 what="the quick jobs to run")
+        seconds = time.monotonic() - started
+    assert seconds < slack(NAP / 3), f"quick jobs took {seconds:.2f} s: they waited for the napping job"

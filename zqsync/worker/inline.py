@@ -1,0 +1,130 @@
+"""The worker's fast receive path: C-level reads that drain before waiting, and tasks run inline.
+
+:class:`Reader` reads one socket from one greenlet with C-level ``NOBLOCK``
+receives until ``EAGAIN``, and only then waits, once, on the socket's file
+descriptor. ``zmq.green`` instead reads ``EVENTS`` (a ``poll`` and a
+``getpid`` system call) after every operation and arms a ``gevent.Timeout``
+per wait. The descriptor is edge-triggered: another greenlet sending on the
+same socket may consume the edge that announced new input, so every sender
+calls :meth:`Reader.kick` after its send, which wakes a parked reader to
+read again.
+
+:func:`run_inline` runs one task in the receiving greenlet itself, holding
+a slot of the task pool, so a task that finishes without yielding costs no
+greenlet spawn. If the task yields to the hub (it waits on I/O, sleeps, or
+is preempted by a ``gevent.Timeout``), a hub callback scheduled beforehand
+runs first and hands the receiving role over to a new greenlet, so
+receiving never waits on a task; the old greenlet finishes the task and
+exits. A task that never yields blocks the hub whichever greenlet runs it:
+the watchdog's soft and hard limits (``watchdog.py``) bound it exactly as
+in a pool greenlet, since they act on the process's main thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import gevent
+import gevent.pool
+import zmq
+from gevent.hub import Waiter
+
+#: libev/libuv readiness flag for a read watcher.
+READ = 1
+
+
+class Reader:
+    """C-level reads of ``sock`` (a ``zmq.green`` or plain socket) for one greenlet at a time.
+
+    :param sock: the socket to read; its other users send with :meth:`send_multipart`
+        (or call :meth:`kick` after their own sends).
+    """
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self.raw: zmq.Socket = zmq.Socket.shadow(sock.underlying)
+        _quiet(sock)
+        self._hub = gevent.get_hub()
+        self._watcher = self._hub.loop.io(self.raw.getsockopt(zmq.FD), READ)
+        self._waiter: Optional[Waiter] = None
+
+    def recv(self) -> bytes:
+        """One single-frame message; blocks this greenlet only when the socket's queue is empty."""
+        while True:
+            try:
+                return self.raw.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                self._wait()
+
+    def recv_multipart(self) -> list[bytes]:
+        """One message's frames; blocks this greenlet only when the socket's queue is empty."""
+        while True:
+            try:
+                return self.raw.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                self._wait()
+
+    def send_multipart(self, frames: list[bytes]) -> None:
+        """C-level ``NOBLOCK`` send, then wake the reader.
+
+        :raises zmq.Again: the peer's queue is full. :raises zmq.ZMQError: the socket is closed.
+        """
+        if self.sock.closed:  # the shadow must never touch a freed socket
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        try:
+            self.raw.send_multipart(frames, zmq.NOBLOCK)
+        finally:
+            self.kick()
+
+    def kick(self) -> None:
+        """Wake a parked reader: a send may have consumed the edge that announced new input."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._hub.loop.run_callback(waiter.switch, None)
+
+    def _wait(self) -> None:
+        waiter = self._waiter = Waiter(self._hub)
+        self._watcher.start(waiter.switch, None)
+        try:
+            waiter.get()
+        finally:
+            self._watcher.stop()
+            self._waiter = None
+
+
+def _quiet(sock: zmq.Socket) -> None:
+    """Stop a ``zmq.green`` socket's own persistent read watcher, which reads ``EVENTS`` (two system
+    calls) on every wake-up of the descriptor. What that socket keeps: ``NOBLOCK`` operations and
+    ``zmq.green`` polls (own watchers); what it loses: prompt wake-ups of *blocking* green sends and
+    receives (they fall back to pyzmq's 11.6 s re-check), which the worker no longer makes on it."""
+    watcher = getattr(sock, "_state_event", None)
+    if watcher is not None:
+        watcher.stop()
+
+
+def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callable[..., Any], *args: Any) -> bool:
+    """Run ``fn(*args)`` in the calling greenlet, holding one slot of ``slots`` (which must have a free one).
+
+    :param hand_off: called from the hub if ``fn`` yields before it returns: it must start a new
+        greenlet that takes over the caller's receiving loop.
+    :returns: ``True`` if the caller is still the receiver, ``False`` if it handed off (it must then
+        return once ``fn`` is done). Exceptions of ``fn`` propagate, after the slot is released.
+    """
+    current = gevent.getcurrent()
+    handed: list[bool] = []
+
+    def yielded() -> None:
+        handed.append(True)
+        hand_off()
+
+    slots.add(current)
+    callback = gevent.get_hub().loop.run_callback(yielded)
+    try:
+        fn(*args)
+    finally:
+        callback.stop()
+        slots.discard(current)
+    return not handed
+
+
+__all__ = ["Reader", "run_inline"]
