@@ -337,7 +337,7 @@ class FuzzDriver:
         self.endpoint = endpoint
         jobs, rpc = split_endpoint(endpoint)
         self.context = zmq.Context()
-        self.push = self._socket(zmq.PUSH, jobs, sndtimeo=int(stall_timeout * 1000))
+        self.push = self._socket(zmq.DEALER, jobs, sndtimeo=int(stall_timeout * 1000))
         # DEALERs: auto identity, and explicit random identities (1 to 255 bytes, never starting with a zero byte).
         self.dealers = [self._socket(zmq.DEALER, rpc)] + [
             self._socket(zmq.DEALER, rpc, identity=bytes([rng.randint(1, 255)]) + rng.randbytes(size))
@@ -489,7 +489,7 @@ def send_oversized(endpoint: str, target: str, frame: bytes, *, timeout: float =
         ``"replied"`` if the rpc frame was answered, ``"sent"`` if a job was accepted and nothing else happened.
     """
     context = zmq.Context()
-    sock = context.socket(zmq.PUSH if target == "jobs" else zmq.DEALER)
+    sock = context.socket(zmq.DEALER)  # jobs and rpc alike (the jobs socket is a ROUTER)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
         sock.connect(split_endpoint(endpoint)[target == "rpc"])

@@ -60,6 +60,7 @@ import os
 import secrets
 import time
 import warnings
+import weakref
 from typing import Any, Optional, Union
 
 import greenlet
@@ -115,11 +116,12 @@ class SocketPool:
         settings: Optional[ClientSettings] = None,
         peers: int = 1,
         options: Optional[dict[int, Any]] = None,
+        send_only: Optional[bool] = None,
         **overrides: Any,
     ) -> None:
         resolved = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
         self.socket_type = socket_type
-        self.send_only = socket_type in SEND_ONLY
+        self.send_only = socket_type in SEND_ONLY if send_only is None else send_only
         self.pool_size = resolved.pool_size
         self.lease_timeout = resolved.lease_timeout
         self.max_sockets = resolved.max_sockets
@@ -133,8 +135,8 @@ class SocketPool:
         self._addresses: set[Any] = set()
         self._warned_budget = False
         self._stats = dict.fromkeys(
-            ("opened", "reused", "discarded_poisoned", "discarded_full", "kept_after_error", "waits",
-             "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
+            ("opened", "reused", "discarded_poisoned", "discarded_full", "discarded_stopping", "kept_after_error",
+             "waits", "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
             0,
         )
         self._stats_wait_seconds = 0.0
@@ -152,6 +154,7 @@ class SocketPool:
         self._next_sweep = 0.0
         self._leased: dict[zmq.Socket, Any] = {}  # socket -> holder greenlet
         self._sent: dict[zmq.Socket, int] = {}  # send-only socket -> messages handed to it
+        self._retired: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()  # to close when their lease ends
         self._in_flight = 0
         self._live = 0
         # Written last: a thread racing the reset still sees a mismatch (redis-py's _checkpid).
@@ -401,7 +404,11 @@ class SocketPool:
             if sock.closed:
                 self._forget(sock)
                 return
-            if self._closed or len(bucket) >= self.pool_size:
+            if sock in self._retired:
+                surplus = sock
+                self._stats["discarded_stopping"] += 1
+                self._forget(sock)
+            elif self._closed or len(bucket) >= self.pool_size:
                 surplus = sock
                 self._stats["discarded_full"] += 1
                 self._forget(sock)
@@ -425,6 +432,15 @@ class SocketPool:
         """Count an open socket as closed. Caller holds the lock."""
         self._live -= 1
         self._sent.pop(sock, None)
+
+    def retire(self, sock: zmq.Socket) -> None:
+        """Close the leased ``sock`` with the normal linger when its lease ends, instead of parking it
+        (its peer is stopping: ``notices.py``)."""
+        self._retired.add(sock)
+
+    def sent_on(self, sock: zmq.Socket) -> int:
+        """Messages handed to the leased send-only ``sock`` so far."""
+        return self._sent.get(sock, 0)
 
     def note_sent(self, sock: zmq.Socket) -> None:
         """Count one message handed to a leased send-only socket (for ``unsent_at_close``)."""
@@ -466,7 +482,8 @@ class SocketPool:
         """Counters for this pool in this process.
 
         :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``
-            (closed after an error in the lease), ``discarded_full``,
+            (closed after an error in the lease), ``discarded_stopping`` (its
+            worker sent a stopping notice), ``discarded_full``,
             ``kept_after_error`` (send-only sockets parked after an error,
             rule 3), ``waits``, ``wait_seconds`` (float seconds),
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,

@@ -68,7 +68,7 @@ import signal
 import time
 import weakref
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import gevent
 import gevent.pool
@@ -88,6 +88,7 @@ from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
+from .stopping import Peers, drain
 from .watchdog import KILLED_EXIT, Watchdog, original_signal
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,7 @@ class Worker:
         self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
         self._admin_socket: Optional[zmq.Socket] = None
+        self._peers: Optional[Peers] = None  # standalone: who sent on the jobs (ROUTER) socket
         self._credits: Optional[zmq.Socket] = None
         # Set when the work of the last slot / admit credit was received and started (dispatch.py).
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
@@ -211,7 +213,7 @@ class Worker:
         :raises zmq.ZMQError: the address is in use or unavailable.
         """
         context = self._context = zmq.green.Context()
-        self.jobs = context.socket(zmq.PULL)
+        self.jobs = context.socket(zmq.PULL if self.backend else zmq.ROUTER)
         self.rpc = context.socket(zmq.ROUTER)
         self._sockets += [self.jobs, self.rpc]
         _common.on_fork_in_child(partial(_after_fork, weakref.ref(self)))
@@ -234,6 +236,7 @@ class Worker:
         self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
         self.scheduler.book.worker = self.endpoint
         self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._peers = Peers(self.jobs, self._jobs_endpoint)
         for queue in self.queues:
             self._sockets.append(queue.bind(context, hwm=self.hwm, max_message_size=self.max_message_size,
                                             curve_secret_key=self.curve_secret_key))
@@ -378,7 +381,7 @@ class Worker:
         while True:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            frame = self.jobs.recv()
+            frame = self._peers.receive() if self._peers else self.jobs.recv()
             self._slots.spawn(self.scheduler.run_plain, frame)
             self._taken[SLOT].set()
 
@@ -518,32 +521,34 @@ class Worker:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more jobs here meanwhile
+            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more here
             self.jobs.disconnect(self.backend[0])
+            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)
             where = "the supervisor"
         else:
-            self.jobs.unbind(self._jobs_endpoint)
+            assert self._peers is not None
+            self._quiesce(self._peers, self._jobs_endpoint)
             where = self._jobs_endpoint
         for queue in self.queues:  # their queued jobs join the backlog, run in the default pool
-            if queue.sock is not None:
-                queue.sock.unbind(queue.endpoint)
-                self._drain_jobs(queue.sock, limit=DRAIN_LIMIT)
-        self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)
+            if queue.peers is not None:
+                self._quiesce(queue.peers, queue.endpoint)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
         if self.backend and self.ready_file:
             with open(f"{self.ready_file}.drained", "w"):
                 pass
 
-    def _drain_jobs(self, sock: zmq.Socket, *, limit: float) -> None:
-        """Read a jobs socket into the backlog until it stays empty for ``DRAIN_QUIET`` seconds
-        (or ``limit`` seconds have passed)."""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and sock.poll(int(DRAIN_QUIET * 1000)):
-            while True:
-                try:
-                    self._backlog.append(sock.recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
+    def _quiesce(self, peers: Peers, endpoint: str) -> None:
+        """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
+        send until they fall quiet, then unbind and read the socket's queue to the end (``stopping.py``)."""
+        log.info("stopping: told %d job client(s) of %s", peers.notify_all(), endpoint)
+        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
+        peers.sock.unbind(endpoint)
+        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
+
+    def _drain_jobs(self, receive: Callable[[int], bytes], sock: zmq.Socket, *, limit: float) -> None:
+        """Read a jobs socket (with ``receive(flags)``) into the backlog until it stays empty for
+        ``DRAIN_QUIET`` seconds (or ``limit`` seconds have passed)."""
+        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit)
 
     def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
