@@ -1,4 +1,4 @@
-"""SocketPool: connected PUSH/DEALER sockets reused across requests.
+"""SocketPool: connected job/call sockets (DEALER) reused across requests.
 
 This module carries the correctness argument of docs/design.md ("The pool's rules"); the
 rule numbers below refer to it.
@@ -90,7 +90,7 @@ _holders: dict[Any, "SocketPool"] = {}
 class SocketPool:
     """A pool of connected sockets of one type, keyed per owner and per address.
 
-    :param socket_type: ``zmq.PUSH`` or ``zmq.DEALER`` (any connecting type works).
+    :param socket_type: ``zmq.DEALER`` (jobs with ``send_only=True``, calls) or ``zmq.PUSH`` (any connecting type works).
     :param settings: the :class:`~zqsync.settings.ClientSettings` the pool
         reads (a client passes its own); default: ``ZQSYNC_*`` variables, then
         the defaults. The pool uses ``pool_size`` (sockets per ``(owner,
@@ -102,6 +102,9 @@ class SocketPool:
     :param overrides: any of those fields, replacing the value in ``settings``.
     :param peers: addresses this pool is expected to dial, for the budget warning.
     :param options: extra ``{zmq option: value}`` applied to every new socket.
+    :param send_only: treat the sockets as send-only (TCP keepalive, not ZMTP heartbeats; a discard keeps
+        the linger; ``unsent_at_close`` counted), as the client's job DEALERs, which only ever receive a
+        worker's stopping notice. Default: ``True`` for PUSH and PUB, ``False`` otherwise.
 
     Sockets are ``zmq.green`` sockets when the caller runs under a gevent hub,
     plain ``zmq`` sockets otherwise. The pool is safe to share across threads,

@@ -1,4 +1,4 @@
-"""Worker: jobs (PULL) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
+"""Worker: jobs (ROUTER) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
 
 Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
 so a busy worker stops draining its jobs socket, the high-water mark fills,
@@ -22,9 +22,11 @@ and the watchdog's native thread (``watchdog.py``) then kills that task at
 the end of the grace period (at once for a cold stop), so a stop never
 waits on a task. TERM/INT is warm, in this order:
 
-1. Take no more jobs. Standalone, the jobs endpoint is unbound: libzmq then
-   closes the listener *and every client connection on it*, so clients
-   that list several workers (``ZMQ_IMMEDIATE``) send to the others.
+1. Take no more jobs. Standalone, the worker sends a stopping notice to
+   every client that sent on its jobs (ROUTER) socket and keeps reading;
+   those clients flush and close that socket and send to their other
+   workers (``stopping.py``, ``client/notices.py``). Once no job has come
+   for ``DRAIN_QUIET`` seconds the endpoint is unbound.
    Under a supervisor, the child reads its backend queue until it is quiet
    (the supervisor routes nothing more to it meanwhile) and disconnects.
 2. Drain: the jobs already in the socket's queue stay readable after the
@@ -39,17 +41,11 @@ waits on a task. TERM/INT is warm, in this order:
    elsewhere), and confirmed jobs are not acknowledged (their clients send
    them again). The rpc socket closes once the in-flight calls are answered.
 
-Residual window, honestly: jobs a client had queued to this worker that had
-not reached its process when the connection closed (the client's own
-queue for it and both kernels' socket buffers) are lost, and neither side
-can count them: libzmq drops a disconnected pipe (``ZMQ_IMMEDIATE``) and the
-kernel resets a connection closed with unread data (``TCPAbortOnClose``).
-Under a stream to a worker that keeps up this is what was in flight at that
-instant (none in most test runs, up to 98 with bursts of 200 jobs; ~1,000
-from a client sending flat out); behind a worker whose queues are full it is
-what the buffers hold (25,000-48,500 100-byte jobs on loopback, most in the
-client's kernel send buffer: ``benchmarks/unbind_experiment.py``). Reading the queue fast before unbinding does not shrink it: the
-client refills as fast. Confirmed jobs have no such window.
+Residual window, honestly: a job sent in the instant of the unbind by a
+client that has not looked for the notice yet (it looks every 16 sends) is
+lost uncounted. Before the notice, what the client's queue and both kernels'
+buffers held was lost (24,409-35,000 jobs behind a busy worker:
+``benchmarks/unbind_experiment.py``). Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
