@@ -408,9 +408,12 @@ class FuzzDriver:
         self.counts["messages"] += 1
         self.counts["frames"] += len(parts)
         self.sent.append((target, parts))
-        if target == "jobs":  # PULL receives each part as a frame of its own
-            self.counts["expected_malformed"] += verdicts.count("malformed")
-            self.counts["expected_jobs"] += verdicts.count("ok")
+        if target == "jobs":  # one job per message (ROUTER): a multi-frame message is one malformed job
+            if len(parts) == 1:
+                self.counts["expected_malformed"] += verdicts.count("malformed")
+                self.counts["expected_jobs"] += verdicts.count("ok")
+            else:
+                self.counts["expected_malformed"] += 1
             try:
                 self.push.send_multipart(parts)
             except zmq.Again:

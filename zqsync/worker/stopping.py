@@ -54,7 +54,7 @@ class Peers:
                 del self.seen[next(iter(self.seen))]
             if self.stopping:
                 self._notify(identity)
-        return rest[-1] if rest else b""
+        return rest[0] if len(rest) == 1 else b""  # a job is one frame: any other count decodes as malformed
 
     def notify_all(self) -> int:
         """Send the notice to every identity seen so far (never blocks); returns how many."""
