@@ -1,6 +1,6 @@
 """Client: ``enqueue`` over pooled job DEALER sockets, ``call`` over pooled DEALER sockets.
 
-A worker at base endpoint ``tcp://HOST:N`` takes jobs (PULL) on port N and
+A worker at base endpoint ``tcp://HOST:N`` takes jobs (ROUTER) on port N and
 calls (ROUTER) on port N+1. Options never mix with task arguments: ``enqueue``
 and ``call`` pass ``*args, **kwargs`` to the task, and options travel only
 through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
