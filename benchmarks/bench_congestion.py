@@ -241,8 +241,8 @@ def stalled_rows(samples: dict[str, list[list[float]]], buffered: dict[str, int]
 
 
 def _raw_push(env: Env, hwm: int) -> zmq.Socket:
-    """A plain PUSH to the worker's jobs endpoint, with the client's send HWM."""
-    sock = env.context.socket(zmq.PUSH)
+    """A plain DEALER (as the client uses) to the worker's jobs endpoint, with the client's send HWM."""
+    sock = env.context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.connect(split_endpoint(env.endpoint)[0])

@@ -26,7 +26,7 @@ environment variable       field                    unit         default
 Durations are finite, at most :data:`MAX_SECONDS`; ``call_timeout`` and
 ``confirm_timeout`` are more than 0 and ``confirm_retry`` at least
 :data:`MIN_CONFIRM_RETRY` (0.1 s). ``heartbeat`` drives ZMTP heartbeats on
-call (DEALER) sockets and TCP keepalive on job (PUSH) sockets (``pool.py``).
+call (DEALER) sockets and TCP keepalive on job (send-only DEALER) sockets (``pool.py``).
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class QueueSpec(NamedTuple):
 
     :ivar name: the queue's name (letters, digits, ``_``, ``-``).
     :ivar concurrency: its own task slots, or ``None`` for the worker's ``concurrency``.
-    :ivar endpoint: ``tcp://HOST:PORT`` where its jobs (PULL) socket binds; port 0 picks one.
+    :ivar endpoint: ``tcp://HOST:PORT`` where its jobs (ROUTER) socket binds; port 0 picks one.
     """
 
     name: str

@@ -337,7 +337,7 @@ class FuzzDriver:
         self.endpoint = endpoint
         jobs, rpc = split_endpoint(endpoint)
         self.context = zmq.Context()
-        self.push = self._socket(zmq.PUSH, jobs, sndtimeo=int(stall_timeout * 1000))
+        self.push = self._socket(zmq.DEALER, jobs, sndtimeo=int(stall_timeout * 1000))
         # DEALERs: auto identity, and explicit random identities (1 to 255 bytes, never starting with a zero byte).
         self.dealers = [self._socket(zmq.DEALER, rpc)] + [
             self._socket(zmq.DEALER, rpc, identity=bytes([rng.randint(1, 255)]) + rng.randbytes(size))
@@ -408,9 +408,12 @@ class FuzzDriver:
         self.counts["messages"] += 1
         self.counts["frames"] += len(parts)
         self.sent.append((target, parts))
-        if target == "jobs":  # PULL receives each part as a frame of its own
-            self.counts["expected_malformed"] += verdicts.count("malformed")
-            self.counts["expected_jobs"] += verdicts.count("ok")
+        if target == "jobs":  # one job per message (ROUTER): a multi-frame message is one malformed job
+            if len(parts) == 1:
+                self.counts["expected_malformed"] += verdicts.count("malformed")
+                self.counts["expected_jobs"] += verdicts.count("ok")
+            else:
+                self.counts["expected_malformed"] += 1
             try:
                 self.push.send_multipart(parts)
             except zmq.Again:
@@ -489,7 +492,7 @@ def send_oversized(endpoint: str, target: str, frame: bytes, *, timeout: float =
         ``"replied"`` if the rpc frame was answered, ``"sent"`` if a job was accepted and nothing else happened.
     """
     context = zmq.Context()
-    sock = context.socket(zmq.PUSH if target == "jobs" else zmq.DEALER)
+    sock = context.socket(zmq.DEALER)  # jobs and rpc alike (the jobs socket is a ROUTER)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
         sock.connect(split_endpoint(endpoint)[target == "rpc"])

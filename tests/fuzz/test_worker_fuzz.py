@@ -5,7 +5,7 @@ The inputs come from ``tests/fuzz/fuzzframes.py`` (shared with the long run,
 valid requests, mutations of valid requests (bit flips, truncation,
 splicing, field swaps, wrong types, extra and missing fields, huge declared
 lengths, deep nesting, non-str keys), raw garbage, multipart messages with
-extra and empty frames, sent to the jobs PULL (over PUSH) and the rpc
+extra and empty frames, sent to the jobs ROUTER (over DEALER) and the rpc
 ROUTER (over DEALERs with odd identities, and over a ROUTER). Then raw TCP
 garbage below ZeroMQ, and frames at and just over ZMQ_MAXMSGSIZE.
 

@@ -1,6 +1,6 @@
-"""Client: ``enqueue`` over pooled PUSH sockets, ``call`` over pooled DEALER sockets.
+"""Client: ``enqueue`` over pooled job DEALER sockets, ``call`` over pooled DEALER sockets.
 
-A worker at base endpoint ``tcp://HOST:N`` takes jobs (PULL) on port N and
+A worker at base endpoint ``tcp://HOST:N`` takes jobs (ROUTER) on port N and
 calls (ROUTER) on port N+1. Options never mix with task arguments: ``enqueue``
 and ``call`` pass ``*args, **kwargs`` to the task, and options travel only
 through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
@@ -9,6 +9,7 @@ through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import threading
 import time
@@ -22,13 +23,15 @@ from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
-from . import express, transport
+from . import express, notices, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import JobStatus
 from .pool import SocketPool
 from .rendezvous import FAILOVER_ATTEMPTS, Down, Route, rank
 from .routes import Routes
+
+log = logging.getLogger(__name__)
 
 #: Longest single ``zqsync.result`` long-poll, seconds (the worker's bound); longer waits call again.
 LONG_POLL = 30.0
@@ -102,7 +105,8 @@ class Client:
         self.settings = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
-        self._push = SocketPool(zmq.PUSH, settings=self.settings, peers=len(pairs), options=options)
+        self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options, send_only=True)
+        self._avoided = notices.Avoided()
         self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options)
         self._counts = dict.fromkeys(
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
@@ -129,7 +133,7 @@ class Client:
     # -- enqueue -----------------------------------------------------------
 
     def enqueue(self, task: str, *args: Any, **kwargs: Any) -> str:
-        """Send a job, at most once, over a pooled PUSH socket.
+        """Send a job, at most once, over a pooled DEALER socket (the worker only sends stopping notices back).
 
         :param task: registered task name; ``args``/``kwargs`` go to the task
             and must be msgpack-serialisable.
@@ -238,11 +242,13 @@ class Client:
 
     def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
-        if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, self._jobs_address, frame):
+        address = self._avoided.address(self.endpoints, self._jobs_address)
+        if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, address, frame):
             self._counts["enqueued"] += 1
             return job_id
         timeout = self.settings.send_timeout if send_timeout is None else send_timeout
-        with self._push.lease(self._jobs_address) as sock:
+        with self._push.lease(address) as sock:
+            self._check_notice(sock)
             sent = CONGESTION.send(
                 sock, frame, self._jobs_address, mode,
                 send_timeout=timeout, wait_before_drop=self.settings.wait_before_drop,
@@ -251,6 +257,20 @@ class Client:
                 self._push.note_sent(sock)
         self._counts["enqueued" if sent else "dropped"] += 1
         return job_id
+
+    def _check_notice(self, sock: zmq.Socket) -> None:
+        """Every few sends, look for a worker's stopping notice (``notices.py``); on one, discard the socket
+        after this send (its queue is flushed within the linger) and leave that worker out for a while."""
+        if self._push.sent_on(sock) % notices.CHECK_EVERY:
+            return
+        endpoint = notices.stopping_endpoint(sock)
+        if endpoint is None:
+            return
+        self._push.retire(sock)
+        named = notices.match(endpoint, self.endpoints)
+        log.info("worker %s is stopping: new jobs go to the others", named or endpoint or "?")
+        if named is not None:
+            self._avoided.add(named)
 
     def _confirm(self, frame: bytes, job_id: str, task: str, total: float) -> None:
         """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""

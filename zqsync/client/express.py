@@ -38,6 +38,11 @@ follows:
   Owners that ended are swept by the full path and the sweeper thread
   (rule 8); the lane never creates an owner or a socket.
 
+Stopping notices (``notices.py``): every :data:`notices.CHECK_EVERY` sends
+on a socket, the lane reads ``ZMQ_EVENTS`` and declines if something is
+waiting to be read, so the full path looks for the notice and retires the
+socket. The caller passes the address with stopping workers left out.
+
 Congestion control: the lane runs only for an address that is not marked
 congested. A successful non-blocking send is what BLOCK and an unmarked DROP
 would do first, and clears nothing that is set; a marked address (early drop)
@@ -52,11 +57,13 @@ from typing import Any
 import greenlet
 import zmq
 
+from . import notices
 from .owner import _native_local, current_hub, current_owner
 from .pool import SocketPool, _holders
 
 _slot = _native_local()
 _c_send = zmq.backend.Socket.send  # the C-level send, even on a zmq.green socket: no EVENTS poll after it
+_c_get = zmq.backend.Socket.get
 
 
 def owner_key(pid: int) -> tuple:
@@ -94,6 +101,8 @@ def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
         if not bucket or not permits.available():
             return False
         sock = bucket[-1]
+        if pool.sent_on(sock) % notices.CHECK_EVERY == 0 and int(_c_get(sock, zmq.EVENTS)) & zmq.POLLIN:
+            return False  # maybe a worker's stopping notice: the full path reads it
         try:
             _c_send(sock, frame, zmq.NOBLOCK)
         except zmq.ZMQError:

@@ -1,4 +1,4 @@
-"""SocketPool: connected PUSH/DEALER sockets reused across requests.
+"""SocketPool: connected job/call sockets (DEALER) reused across requests.
 
 This module carries the correctness argument of docs/design.md ("The pool's rules"); the
 rule numbers below refer to it.
@@ -65,6 +65,7 @@ import os
 import secrets
 import time
 import warnings
+import weakref
 from typing import Any, Optional, Union
 
 import greenlet
@@ -94,7 +95,7 @@ _holders: dict[Any, "SocketPool"] = {}
 class SocketPool:
     """A pool of connected sockets of one type, keyed per owner and per address.
 
-    :param socket_type: ``zmq.PUSH`` or ``zmq.DEALER`` (any connecting type works).
+    :param socket_type: ``zmq.DEALER`` (jobs with ``send_only=True``, calls) or ``zmq.PUSH`` (any connecting type works).
     :param settings: the :class:`~zqsync.settings.ClientSettings` the pool
         reads (a client passes its own); default: ``ZQSYNC_*`` variables, then
         the defaults. The pool uses ``pool_size`` (sockets per ``(owner,
@@ -106,6 +107,9 @@ class SocketPool:
     :param overrides: any of those fields, replacing the value in ``settings``.
     :param peers: addresses this pool is expected to dial, for the budget warning.
     :param options: extra ``{zmq option: value}`` applied to every new socket.
+    :param send_only: treat the sockets as send-only (TCP keepalive, not ZMTP heartbeats; a discard keeps
+        the linger; ``unsent_at_close`` counted), as the client's job DEALERs, which only ever receive a
+        worker's stopping notice. Default: ``True`` for PUSH and PUB, ``False`` otherwise.
 
     Sockets are ``zmq.green`` sockets when the caller runs under a gevent hub,
     plain ``zmq`` sockets otherwise. The pool is safe to share across threads,
@@ -120,11 +124,12 @@ class SocketPool:
         settings: Optional[ClientSettings] = None,
         peers: int = 1,
         options: Optional[dict[int, Any]] = None,
+        send_only: Optional[bool] = None,
         **overrides: Any,
     ) -> None:
         resolved = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
         self.socket_type = socket_type
-        self.send_only = socket_type in SEND_ONLY
+        self.send_only = socket_type in SEND_ONLY if send_only is None else send_only
         self.pool_size = resolved.pool_size
         self.lease_timeout = resolved.lease_timeout
         self.max_sockets = resolved.max_sockets
@@ -138,8 +143,8 @@ class SocketPool:
         self._addresses: set[Any] = set()
         self._warned_budget = False
         self._stats = dict.fromkeys(
-            ("opened", "reused", "discarded_poisoned", "discarded_full", "kept_after_error", "waits",
-             "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
+            ("opened", "reused", "discarded_poisoned", "discarded_full", "discarded_stopping", "kept_after_error",
+             "waits", "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
             0,
         )
         self._stats_wait_seconds = 0.0
@@ -157,6 +162,7 @@ class SocketPool:
         self._next_sweep = 0.0
         self._leased: dict[zmq.Socket, Any] = {}  # socket -> holder greenlet
         self._sent: dict[zmq.Socket, int] = {}  # send-only socket -> messages handed to it
+        self._retired: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()  # to close when their lease ends
         self._in_flight = 0
         self._live = 0
         # Written last: a thread racing the reset still sees a mismatch (redis-py's _checkpid).
@@ -406,7 +412,11 @@ class SocketPool:
             if sock.closed:
                 self._forget(sock)
                 return
-            if self._closed or len(bucket) >= self.pool_size:
+            if sock in self._retired:
+                surplus = sock
+                self._stats["discarded_stopping"] += 1
+                self._forget(sock)
+            elif self._closed or len(bucket) >= self.pool_size:
                 surplus = sock
                 self._stats["discarded_full"] += 1
                 self._forget(sock)
@@ -430,6 +440,15 @@ class SocketPool:
         """Count an open socket as closed. Caller holds the lock."""
         self._live -= 1
         self._sent.pop(sock, None)
+
+    def retire(self, sock: zmq.Socket) -> None:
+        """Close the leased ``sock`` with the normal linger when its lease ends, instead of parking it
+        (its peer is stopping: ``notices.py``)."""
+        self._retired.add(sock)
+
+    def sent_on(self, sock: zmq.Socket) -> int:
+        """Messages handed to the leased send-only ``sock`` so far."""
+        return self._sent.get(sock, 0)
 
     def note_sent(self, sock: zmq.Socket) -> None:
         """Count one message handed to a leased send-only socket (for ``unsent_at_close``)."""
@@ -471,7 +490,8 @@ class SocketPool:
         """Counters for this pool in this process.
 
         :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``
-            (closed after an error in the lease), ``discarded_full``,
+            (closed after an error in the lease), ``discarded_stopping`` (its
+            worker sent a stopping notice), ``discarded_full``,
             ``kept_after_error`` (send-only sockets parked after an error,
             rule 3), ``waits``, ``wait_seconds`` (float seconds),
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,

@@ -1,4 +1,4 @@
-"""Worker endpoints: ``tcp://HOST:PORT``, with jobs (PULL) on PORT and calls (ROUTER) on PORT+1."""
+"""Worker endpoints: ``tcp://HOST:PORT``, with jobs (ROUTER) on PORT and calls (ROUTER) on PORT+1."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The wire envelope: one msgpack map per ZeroMQ frame.
 
-Request (client to worker; PUSH frame, or DEALER frame that a ROUTER
+Request (client to worker; a DEALER frame, job or call, that a ROUTER
 receives as ``[identity, body]``)::
 
     {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map,

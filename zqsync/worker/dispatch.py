@@ -74,7 +74,7 @@ _CLOSED = _Closed()
 
 
 class Dispatcher:
-    """Routes the public ``jobs_front`` (PULL) and ``rpc_front`` (ROUTER) sockets to children with credit.
+    """Routes the public ``jobs_front`` (ROUTER) and ``rpc_front`` (ROUTER) sockets to children with credit.
 
     :param context: the supervisor's context.
     :param directory: where the private ``ipc://`` endpoints live.
@@ -173,7 +173,7 @@ class Dispatcher:
         """Read and drop what is left in the public jobs queue; returns how many."""
         count = 0
         while self.jobs_front.poll(0):
-            self.jobs_front.recv()
+            self.jobs_front.recv_multipart()
             count += 1
         return count
 
@@ -257,7 +257,7 @@ class Dispatcher:
         if self._usable(SLOT) is None:
             return False
         try:
-            frame = self.jobs_front.recv(zmq.NOBLOCK)
+            frame = self.jobs_front.recv_multipart(zmq.NOBLOCK)[-1]  # [client identity, job]
         except zmq.Again:
             return False
         self.last_job = time.monotonic()

@@ -1,6 +1,6 @@
 """Named job queues of one worker (``--queue NAME[:CONCURRENCY]=ENDPOINT``), highest priority first.
 
-Each queue binds a jobs (PULL) socket of its own and runs its jobs in a
+Each queue binds a jobs (ROUTER, ``stopping.py``) socket of its own and runs its jobs in a
 task pool of its own, so a flood on one queue never holds the slots of
 another. A queue takes a job only when no queue above it has a job waiting
 that it could start now; the worker's ``--bind`` jobs socket ranks last.
@@ -19,6 +19,7 @@ import zmq
 from ..settings import QueueSpec
 from ..wire.curve import server_options
 from ..wire.endpoints import parse_endpoint
+from .stopping import Peers
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,15 @@ class JobQueue:
         self.higher = list(higher)
         self.sock: Optional[zmq.Socket] = None
         self.endpoint = ""
+        self.peers: Optional[Peers] = None
 
     def bind(self, context: zmq.Context, *, hwm: int, max_message_size: int,
              curve_secret_key: Optional[str]) -> zmq.Socket:
-        """Bind the queue's PULL socket (its address is then :attr:`endpoint`); returns it.
+        """Bind the queue's jobs (ROUTER) socket (its address is then :attr:`endpoint`); returns it.
 
         :raises zmq.ZMQError: the address is taken or unavailable."""
         host, port = parse_endpoint(self.spec.endpoint, allow_zero=True)
-        sock = self.sock = context.socket(zmq.PULL)
+        sock = self.sock = context.socket(zmq.ROUTER)
         options: dict[int, object] = {zmq.LINGER: 1000, zmq.RCVHWM: hwm, zmq.MAXMSGSIZE: max_message_size}
         options.update(server_options(curve_secret_key) if curve_secret_key else {})
         for option, value in options.items():
@@ -55,6 +57,7 @@ class JobQueue:
         else:
             sock.bind_to_random_port(host, min_port=20000, max_port=60000)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.peers = Peers(sock, self.endpoint)
         return sock
 
     def waiting(self) -> bool:
@@ -73,7 +76,8 @@ class JobQueue:
         while True:
             self.pool.wait_available()
             yield_to_higher(self.higher)
-            frame = self.sock.recv()
+            assert self.peers is not None
+            frame = self.peers.receive()
             self.pool.spawn(run, frame)
 
     def stats(self) -> dict[str, object]:

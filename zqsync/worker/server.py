@@ -1,4 +1,4 @@
-"""Worker: jobs (PULL) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
+"""Worker: jobs (ROUTER) on port N and rpc (ROUTER) on port N+1, tasks in a gevent pool.
 
 Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
 so a busy worker stops draining its jobs socket, the high-water mark fills,
@@ -28,9 +28,11 @@ and the watchdog's native thread (``watchdog.py``) then kills that task at
 the end of the grace period (at once for a cold stop), so a stop never
 waits on a task. TERM/INT is warm, in this order:
 
-1. Take no more jobs. Standalone, the jobs endpoint is unbound: libzmq then
-   closes the listener *and every client connection on it*, so clients
-   that list several workers (``ZMQ_IMMEDIATE``) send to the others.
+1. Take no more jobs. Standalone, the worker sends a stopping notice to
+   every client that sent on its jobs (ROUTER) socket and keeps reading;
+   those clients flush and close that socket and send to their other
+   workers (``stopping.py``, ``client/notices.py``). Once no job has come
+   for ``DRAIN_QUIET`` seconds the endpoint is unbound.
    Under a supervisor, the child reads its backend queue until it is quiet
    (the supervisor routes nothing more to it meanwhile) and disconnects.
 2. Drain: the jobs already in the socket's queue stay readable after the
@@ -45,17 +47,11 @@ waits on a task. TERM/INT is warm, in this order:
    elsewhere), and confirmed jobs are not acknowledged (their clients send
    them again). The rpc socket closes once the in-flight calls are answered.
 
-Residual window, honestly: jobs a client had queued to this worker that had
-not reached its process when the connection closed (the client's own
-queue for it and both kernels' socket buffers) are lost, and neither side
-can count them: libzmq drops a disconnected pipe (``ZMQ_IMMEDIATE``) and the
-kernel resets a connection closed with unread data (``TCPAbortOnClose``).
-Under a stream to a worker that keeps up this is what was in flight at that
-instant (none in most test runs, up to 98 with bursts of 200 jobs; ~1,000
-from a client sending flat out); behind a worker whose queues are full it is
-what the buffers hold (25,000-48,500 100-byte jobs on loopback, most in the
-client's kernel send buffer: ``benchmarks/unbind_experiment.py``). Reading the queue fast before unbinding does not shrink it: the
-client refills as fast. Confirmed jobs have no such window.
+Residual window, honestly: a job sent in the instant of the unbind by a
+client that has not looked for the notice yet (it looks every 16 sends) is
+lost uncounted. Before the notice, what the client's queue and both kernels'
+buffers held was lost (24,409-35,000 jobs behind a busy worker:
+``benchmarks/unbind_experiment.py``). Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
@@ -74,7 +70,7 @@ import signal
 import time
 import weakref
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import gevent
 import gevent.pool
@@ -95,6 +91,7 @@ from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
+from .stopping import Peers, drain
 from .watchdog import KILLED_EXIT, Watchdog, original_signal
 
 log = logging.getLogger(__name__)
@@ -204,6 +201,7 @@ class Worker:
         self._sockets: list[zmq.Socket] = []
         self._envelope = 2 if backend else 1  # frames in front of the body on rpc
         self._admin_socket: Optional[zmq.Socket] = None
+        self._peers: Optional[Peers] = None  # standalone: who sent on the jobs (ROUTER) socket
         self._credits: Optional[zmq.Socket] = None
         # Set when the work of the last slot / admit credit was received and started (dispatch.py).
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
@@ -219,7 +217,7 @@ class Worker:
         :raises zmq.ZMQError: the address is in use or unavailable.
         """
         context = self._context = zmq.green.Context()
-        self.jobs = context.socket(zmq.PULL)
+        self.jobs = context.socket(zmq.PULL if self.backend else zmq.ROUTER)
         self.rpc = context.socket(zmq.ROUTER)
         self._sockets += [self.jobs, self.rpc]
         _common.on_fork_in_child(partial(_after_fork, weakref.ref(self)))
@@ -242,6 +240,7 @@ class Worker:
         self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
         self.scheduler.book.worker = self.endpoint
         self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._peers = Peers(self.jobs, self._jobs_endpoint)
         for queue in self.queues:
             self._sockets.append(queue.bind(context, hwm=self.hwm, max_message_size=self.max_message_size,
                                             curve_secret_key=self.curve_secret_key))
@@ -400,7 +399,7 @@ class Worker:
         while self._receivers[0] is current:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            frame = reader.recv()
+            frame = self._peers.frame(reader.recv_multipart()) if self._peers else reader.recv()
             if not self._slots.free_count():
                 self._slots.spawn(self.scheduler.run_plain, frame)
             elif not self._inline(0, self.scheduler.run_plain, frame):
@@ -563,32 +562,34 @@ class Worker:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more jobs here meanwhile
+            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more here
             self.jobs.disconnect(self.backend[0])
+            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)
             where = "the supervisor"
         else:
-            self.jobs.unbind(self._jobs_endpoint)
+            assert self._peers is not None
+            self._quiesce(self._peers, self._jobs_endpoint)
             where = self._jobs_endpoint
         for queue in self.queues:  # their queued jobs join the backlog, run in the default pool
-            if queue.sock is not None:
-                queue.sock.unbind(queue.endpoint)
-                self._drain_jobs(queue.sock, limit=DRAIN_LIMIT)
-        self._drain_jobs(self.jobs, limit=DRAIN_LIMIT)
+            if queue.peers is not None:
+                self._quiesce(queue.peers, queue.endpoint)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
         if self.backend and self.ready_file:
             with open(f"{self.ready_file}.drained", "w"):
                 pass
 
-    def _drain_jobs(self, sock: zmq.Socket, *, limit: float) -> None:
-        """Read a jobs socket into the backlog until it stays empty for ``DRAIN_QUIET`` seconds
-        (or ``limit`` seconds have passed)."""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and sock.poll(int(DRAIN_QUIET * 1000)):
-            while True:
-                try:
-                    self._backlog.append(sock.recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
+    def _quiesce(self, peers: Peers, endpoint: str) -> None:
+        """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
+        send until they fall quiet, then unbind and read the socket's queue to the end (``stopping.py``)."""
+        log.info("stopping: told %d job client(s) of %s", peers.notify_all(), endpoint)
+        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
+        peers.sock.unbind(endpoint)
+        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
+
+    def _drain_jobs(self, receive: Callable[[int], bytes], sock: zmq.Socket, *, limit: float) -> None:
+        """Read a jobs socket (with ``receive(flags)``) into the backlog until it stays empty for
+        ``DRAIN_QUIET`` seconds (or ``limit`` seconds have passed)."""
+        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit)
 
     def _discard_backlog(self, reason: str) -> None:
         if self._backlog:

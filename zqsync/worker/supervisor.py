@@ -1,6 +1,6 @@
 """Prefork supervisor: N worker children behind one public address (gunicorn's arbiter, for zqsync).
 
-The supervisor binds the public jobs (PULL) and rpc (ROUTER) sockets, and
+The supervisor binds the public jobs (ROUTER: clients send on DEALERs) and rpc (ROUTER) sockets, and
 a router thread (``dispatch.py``) gives each call and job to a child that
 offered a free slot, over that child's private ``ipc://`` backends (a PUSH
 to its PULL, a DEALER to its ROUTER that carries the replies back). A child
@@ -145,7 +145,7 @@ class Supervisor:
 
     def _start_dispatch(self) -> None:
         context = self._context = zmq.Context()
-        jobs_front, rpc_front = context.socket(zmq.PULL), context.socket(zmq.ROUTER)
+        jobs_front, rpc_front = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
         if self.allow_client_keys:
             self._authenticator = start_thread_authenticator(context, self.allow_client_keys)
         self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address, curve_secret_key=self.curve_secret_key)

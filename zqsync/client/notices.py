@@ -1,0 +1,70 @@
+"""Stopping notices on job (DEALER) sockets: see ``zqsync/worker/stopping.py``.
+
+The client looks for a notice before a send, at most every :data:`CHECK_EVERY`
+sends on a socket (one ``ZMQ_EVENTS`` read, non-blocking). On a notice the
+socket is discarded with the normal linger (libzmq flushes its queue to the
+worker, which keeps reading while it stops), and the client leaves that
+endpoint out for :data:`AVOID_FOR` seconds: a client listing several workers
+sends to the others, and one whose workers all stop gets the normal "no
+worker" behaviour (its socket connects to none: BLOCK raises ``Congested`` at
+the send deadline, DROP drops and counts). After that it connects again: to a
+restarted worker, or to a worker still draining, which tells it again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import msgpack
+import zmq
+
+#: Sends on one socket between two looks for a notice (the first send looks too).
+CHECK_EVERY = 16
+#: Seconds a client leaves out a stopping worker (a stopping worker unbinds once its clients fall quiet).
+AVOID_FOR = 1.0
+
+
+def stopping_endpoint(sock: zmq.Socket) -> Optional[str]:
+    """The endpoint named by a stopping notice waiting on ``sock`` (``""`` if unnamed), or ``None``.
+
+    Never blocks. ``sock.get`` is the green socket's, which keeps a waiting sender's wakeup."""
+    found = None
+    while int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+        try:
+            notice = msgpack.unpackb(sock.recv(zmq.NOBLOCK))
+        except (zmq.Again, ValueError, msgpack.ExtraData):
+            continue
+        if isinstance(notice, dict) and notice.get("notice") == "stopping":
+            found = str(notice.get("endpoint") or "")
+    return found
+
+
+def match(endpoint: str, endpoints: tuple[str, ...]) -> Optional[str]:
+    """The client endpoint a notice names: the same string, else the only one with that port."""
+    if endpoint in endpoints:
+        return endpoint
+    port = endpoint.rpartition(":")[2]
+    same = [name for name in endpoints if name.rpartition(":")[2] == port]
+    return same[0] if len(same) == 1 else None
+
+
+class Avoided:
+    """Endpoints left out until a deadline (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def add(self, endpoint: str) -> None:
+        self._until[endpoint] = time.monotonic() + AVOID_FOR
+
+    def address(self, endpoints: tuple[str, ...], default: Any) -> Any:
+        """``default``, or the endpoints not avoided (``()``: every one is, connect to none)."""
+        if not self._until:
+            return default
+        now = time.monotonic()
+        self._until = {name: until for name, until in self._until.items() if until > now}
+        kept = tuple(name for name in endpoints if name not in self._until)
+        if len(kept) == len(endpoints):
+            return default
+        return kept if len(kept) != 1 else kept[0]

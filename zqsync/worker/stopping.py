@@ -1,0 +1,89 @@
+"""A stopping worker's notice to its job clients (DEALER to ROUTER), and its drain.
+
+Job sockets are DEALER (client) to ROUTER (worker), so a worker can speak to
+every client connection that sent it a job. On TERM, a standalone worker does
+not unbind at once (that would drop what is in flight in the client's queue
+and both kernels' buffers): it sends every identity it has received from a
+``stopping`` notice (:func:`encode_notice`) and keeps reading. A client that
+sees the notice discards its socket (libzmq flushes its queue within the
+linger) and routes around the worker (``zqsync/client/notices.py``). A
+connection that never sent has nothing in flight. The worker unbinds once no
+job has arrived for ``quiet`` seconds (every notified client has gone or
+fallen silent), or at ``limit``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import gevent
+import msgpack
+import zmq
+
+#: The notice's ``notice`` field.
+STOPPING = "stopping"
+#: Jobs read in a row while draining before the hub gets a turn.
+BATCH = 1000
+#: Identities remembered per socket (the oldest are forgotten past it; a forgotten one is told when it sends).
+MAX_PEERS = 10_000
+
+
+def encode_notice(endpoint: str) -> bytes:
+    """The one-frame notice: ``{"v": 1, "notice": "stopping", "endpoint": ENDPOINT}``."""
+    return msgpack.packb({"v": 1, "notice": STOPPING, "endpoint": endpoint})
+
+
+class Peers:
+    """The identities that sent on a ROUTER jobs socket, and the notice once stopping."""
+
+    def __init__(self, sock: zmq.Socket, endpoint: str) -> None:
+        self.sock, self.endpoint = sock, endpoint
+        self.seen: dict[bytes, None] = {}  # insertion-ordered, bounded by MAX_PEERS
+        self.notified: set[bytes] = set()
+        self.stopping = False
+
+    def receive(self, flags: int = 0) -> bytes:
+        """Read one job (``[identity, frame]``); returns the frame. Blocks unless ``flags`` says NOBLOCK.
+
+        :raises zmq.Again: NOBLOCK and nothing to read."""
+        return self.frame(self.sock.recv_multipart(flags))
+
+    def frame(self, frames: list[bytes]) -> bytes:
+        """The job of a message read from the ROUTER (``[identity, frame]``), its sender remembered."""
+        identity, *rest = frames
+        if identity not in self.seen or (self.stopping and identity not in self.notified):
+            self.seen[identity] = None
+            if len(self.seen) > MAX_PEERS:
+                del self.seen[next(iter(self.seen))]
+            if self.stopping:
+                self._notify(identity)
+        return rest[0] if len(rest) == 1 else b""  # a job is one frame: any other count decodes as malformed
+
+    def notify_all(self) -> int:
+        """Send the notice to every identity seen so far (never blocks); returns how many."""
+        self.stopping = True
+        for identity in self.seen:
+            self._notify(identity)
+        return len(self.notified)
+
+    def _notify(self, identity: bytes) -> None:
+        try:
+            self.sock.send_multipart([identity, encode_notice(self.endpoint)], zmq.NOBLOCK)
+        except zmq.ZMQError:  # gone, or its queue full: it stops sending or the quiet period ends it
+            return
+        self.notified.add(identity)
+
+
+def drain(receive: Callable[[int], bytes], sock: zmq.Socket, keep: Callable[[bytes], None], *,
+          quiet: float, limit: float) -> None:
+    """Read jobs with ``receive(flags)`` into ``keep`` until none arrives for ``quiet`` seconds, or ``limit``
+    seconds have passed. Blocks (cooperatively with ``zmq.green`` sockets)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and sock.poll(int(quiet * 1000)):
+        for _ in range(BATCH):
+            try:
+                keep(receive(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        gevent.sleep(0)  # a flood must not block the hub (the watchdog, the calls being answered)
