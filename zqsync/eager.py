@@ -108,7 +108,10 @@ def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecor
     open no socket while eager.
     """
     recorder = EagerRecorder(registry, propagate=propagate)
-    saved = Client.enqueue_with_options, Client.call_with_options
+    saved = Client.enqueue, Client.enqueue_with_options, Client.call_with_options
+
+    def enqueue(self: Client, task: str, *args: Any, **kwargs: Any) -> str:  # its fast path never sees options
+        return self.enqueue_with_options(task, args=args, kwargs=kwargs)
 
     def enqueue_with_options(self: Client, task: str, *, args: Iterable[Any] = (),
                              kwargs: Optional[Mapping[str, Any]] = None, job_id: Optional[str] = None,
@@ -123,12 +126,13 @@ def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecor
                                         dict(kwargs or {}))
         return recorder.run_call(frame)
 
+    Client.enqueue = enqueue  # type: ignore[method-assign]
     Client.enqueue_with_options = enqueue_with_options  # type: ignore[method-assign]
     Client.call_with_options = call_with_options  # type: ignore[method-assign]
     try:
         yield recorder
     finally:
-        Client.enqueue_with_options, Client.call_with_options = saved  # type: ignore[method-assign]
+        Client.enqueue, Client.enqueue_with_options, Client.call_with_options = saved  # type: ignore[method-assign]
 
 
 __all__ = ["EagerJob", "EagerRecorder", "eager"]

@@ -30,7 +30,7 @@ def test_a_greenlet_queued_for_the_only_permit_is_never_overtaken_by_the_express
     the socket it will use sits idle in the bucket: the lane declines and sends nothing."""
     worker = zq_worker()
     gevent.get_hub()  # the main greenlet and the waiter share one owner, this hub, in both modes
-    pool = zqsync.SocketPool(zmq.PUSH, pool_size=1)
+    pool = zqsync.SocketPool(zmq.DEALER, pool_size=1, send_only=True)  # as a client's job pool
     order: list[str] = []
     try:
         with pool.lease(worker.endpoint) as sock:

@@ -56,3 +56,27 @@ def test_a_job_that_yields_hands_receiving_over(zq_worker, tmp_path):
                  what="the quick jobs to run")
         seconds = time.monotonic() - started
     assert seconds < slack(NAP / 3), f"quick jobs took {seconds:.2f} s: they waited for the napping job"
+
+
+def test_a_flood_of_inline_jobs_leaves_the_hub_free_for_calls(zq_worker, tmp_path):
+    """Jobs run inline back to back while the queue never empties; the receiver still yields to the
+    hub every few messages, so calls (and signals, and the watchdog) are served meanwhile."""
+    from tests.helpers import JobStream
+
+    worker = zq_worker(concurrency=4)
+    target = tmp_path / "ran.txt"
+    stream = JobStream(worker.endpoint, target)
+    stream.start()
+    try:
+        wait_for(lambda: target.exists() and target.stat().st_size > 20_000, what="the flood to be running")
+        with zqsync.Client(worker.endpoint, call_timeout=slack(10.0)) as client:
+            waits = []
+            for _ in range(5):
+                started = time.monotonic()
+                assert client.call("zqsync.ping") == "pong"
+                waits.append(time.monotonic() - started)
+        backlog = stream.accepted - len(target.read_text().splitlines())
+    finally:
+        stream.stop()
+    assert backlog > 1000, f"the worker kept up (backlog {backlog}): no flood to test"
+    assert max(waits) < slack(1.0), f"pings waited {[round(w, 3) for w in waits]} s behind the flood"

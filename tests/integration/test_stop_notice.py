@@ -49,7 +49,8 @@ def test_two_workers_one_termed_every_accepted_job_runs_on_one_of_them(zq_worker
     target = tmp_path / "ran.txt"
     stream = JobStream([first.endpoint, second.endpoint], target, send_timeout=5.0)
     stream.start()
-    assert stop_under_flood(first, target, stream, after=2000) == 0
+    status = stop_under_flood(first, target, stream, after=2000)
+    assert status == 0, first.output()[-3000:]
     sent_at_stop = stream.accepted
     wait_for(lambda: stream.accepted > sent_at_stop + 2000, timeout=slack(20.0), what="the survivor to take the load")
     stream.stop()

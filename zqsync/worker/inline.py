@@ -31,6 +31,8 @@ from gevent.hub import Waiter
 
 #: libev/libuv readiness flag for a read watcher.
 READ = 1
+#: Messages a reader takes in a row (each maybe run inline) before it lets the hub run.
+YIELD_EVERY = 64
 
 
 class Reader:
@@ -47,9 +49,15 @@ class Reader:
         self._hub = gevent.get_hub()
         self._watcher = self._hub.loop.io(self.raw.getsockopt(zmq.FD), READ)
         self._waiter: Optional[Waiter] = None
+        self._streak = 0  # messages read since the hub last ran
 
     def recv(self) -> bytes:
-        """One single-frame message; blocks this greenlet only when the socket's queue is empty."""
+        """One single-frame message; blocks this greenlet only when the socket's queue is empty.
+
+        Every :data:`YIELD_EVERY` messages read without waiting it yields to the hub first (before
+        reading, so a greenlet killed there holds no message): under a flood of tasks run inline, the
+        hub must still run signals, the watchdog and the other sockets' greenlets."""
+        self._fair()
         while True:
             try:
                 return self.raw.recv(zmq.NOBLOCK)
@@ -57,12 +65,19 @@ class Reader:
                 self._wait()
 
     def recv_multipart(self) -> list[bytes]:
-        """One message's frames; blocks this greenlet only when the socket's queue is empty."""
+        """One message's frames; blocks and yields as :meth:`recv` does."""
+        self._fair()
         while True:
             try:
                 return self.raw.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 self._wait()
+
+    def _fair(self) -> None:
+        self._streak += 1
+        if self._streak >= YIELD_EVERY:
+            self._streak = 0
+            gevent.sleep(0)
 
     def send_multipart(self, frames: list[bytes]) -> None:
         """C-level ``NOBLOCK`` send, then wake the reader.
@@ -83,6 +98,7 @@ class Reader:
             self._hub.loop.run_callback(waiter.switch, None)
 
     def _wait(self) -> None:
+        self._streak = 0
         waiter = self._waiter = Waiter(self._hub)
         self._watcher.start(waiter.switch, None)
         try:

@@ -50,8 +50,8 @@ waits on a task. TERM/INT is warm, in this order:
 Residual window, honestly: a job sent in the instant of the unbind by a
 client that has not looked for the notice yet (it looks every 16 sends) is
 lost uncounted. Before the notice, what the client's queue and both kernels'
-buffers held was lost (24,409-35,000 jobs behind a busy worker:
-``benchmarks/unbind_experiment.py``). Confirmed jobs have no such window.
+buffers held was lost (24,409-35,000 jobs behind a busy worker; the
+scenario is ``tests/integration/test_stop_notice.py``). Confirmed jobs have no such window.
 
 A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
