@@ -44,8 +44,8 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
-from .journal_writer import WriterThread
 from .journal import ALONE, DIED, SHARED, Journal, JournalGone, NewJob, Outcome, Row, Start
+from .journal_writer import WriterThread
 from .registry import Task
 from .runner import ErrorInfo, Runner
 from .status import Cancelled, JobBook
