@@ -24,6 +24,9 @@ Variants, interleaved in rounds in rotating order, each enqueueing the
 * ``zqsync confirmed``: ``enqueue_with_options("echo", args=(payload,),
   confirm=True)``, which returns once the worker has committed the job to
   its journal. Concurrent callers share group commits.
+* ``zqsync call`` (sequential mode only): ``Client.call("echo", payload)``,
+  one round trip to the same worker, the floor a confirmation is held to
+  (``zqsync confirmed / zqsync call``, target >= 0.7).
 * ``RQ, ...``: ``Queue.enqueue(echo, payload)`` with :func:`echo` of this
   module. No RQ worker runs: only the enqueue is measured; the queue is
   emptied between batches, outside the timing.
@@ -103,6 +106,8 @@ FULL = Settings(rounds=9, burst=500, bursts=20, batch=3000, watchdog=600.0)
 #: Targets: zqsync enqueue over RQ, zqsync confirmed over RQ (throughput, same concurrency).
 MIN_PLAIN_RATIO = 100.0
 MIN_CONFIRMED_RATIO = 5.0
+#: Target: zqsync confirmed over zqsync's own call (round trip) rate, sequential.
+MIN_CONFIRMED_OVER_CALL = 0.7
 #: The RQ variants: redis-server options for each.
 REDIS_CONFIGS = {
     "RQ, no persistence": ["--save", "", "--appendonly", "no"],
@@ -281,6 +286,9 @@ def zqsync_variants(worker: WorkerProcess, settings: Settings, callers: int) -> 
     variants = {"zqsync enqueue": Variant(functools.partial(clients[0].enqueue, "echo"), settings.burst,
                                           settings.bursts, idle),
                 "zqsync confirmed": confirmed_variant(clients[0], settings, idle)}
+    if callers == 1:  # the floor a confirm is held to: one round trip to the same worker
+        variants["zqsync call"] = Variant(functools.partial(clients[0].call, "echo"), settings.batch, 1,
+                                          lambda jobs: None)
     if callers > 1:
         clients.append(zqsync.Client(worker.endpoint))
         name = f"zqsync confirmed, default pool_size={clients[1].settings.pool_size}"
@@ -388,6 +396,11 @@ def throughput_rows(mode: str, throughput: dict[str, list[float]], skipped: Opti
             per_round = [a / b for a, b in zip(throughput[top], throughput[bottom])]
             value = statistics.median(throughput[top]) / statistics.median(throughput[bottom])
             rows.append(checked(mode, f"{measure_name} (medians)", value, "x", ">=", goal, rounds=per_round))
+    if "zqsync call" in throughput:
+        per_round = [a / b for a, b in zip(throughput["zqsync confirmed"], throughput["zqsync call"])]
+        value = statistics.median(throughput["zqsync confirmed"]) / statistics.median(throughput["zqsync call"])
+        rows.append(checked(mode, "zqsync confirmed / zqsync call throughput (medians)", value, "x", ">=",
+                            MIN_CONFIRMED_OVER_CALL, rounds=per_round))
     return rows
 
 

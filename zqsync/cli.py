@@ -152,8 +152,9 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")
     worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
-                        help="SQLite synchronous level: 'normal' survives any process kill, 'full' also power "
-                        "loss at an fsync per commit (default: normal)")
+                        help="SQLite synchronous level: 'normal' survives any process kill, but a power loss or "
+                        "kernel crash may lose the last acknowledged jobs; 'full' also survives power loss, "
+                        "at an fsync per group commit (default: normal)")
     worker.add_argument("--keep-done", type=_age, default=settings.KEEP_DONE, metavar="SECONDS",
                         help="how long finished confirmed jobs stay in the journal, which recognises a resent "
                         "job id as a duplicate only while its row is kept (default: 3600; 7d, 12h, 30m also work)")

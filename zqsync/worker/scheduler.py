@@ -3,8 +3,8 @@
 * Plain jobs (PUSH/PULL) run at most once per delivery; a failed one is
   retried in memory per the task's ``retries``/``backoff``.
 * Confirmed jobs are journaled first (``journal.py``), in batches: one
-  writer greenlet commits every job that arrived meanwhile in one SQLite
-  transaction (group commit), in the hub's thread pool so the hub keeps
+  writer thread (``journal_writer.py``) commits every job that arrived meanwhile in one SQLite
+  transaction (group commit), with no thread-pool hop, while the hub keeps
   running. Only then is the job acknowledged. Each attempt is counted in
   the journal before it starts; outcomes, retries and the final ``done`` or
   ``dead`` state are journaled after; so a job interrupted by a crash is
@@ -46,6 +46,7 @@ from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
 from .journal import ALONE, DIED, SHARED, Journal, JournalGone, NewJob, Outcome, Row, Start
+from .journal_writer import WriterThread
 from .registry import Task
 from .runner import ErrorInfo, Runner
 from .status import Cancelled, JobBook
@@ -120,7 +121,7 @@ class JobScheduler:
         self.keep_done, self.keep_dead = keep_done, keep_dead
         self.replay_interval = replay_interval
         self._ready: gevent.queue.Queue = gevent.queue.Queue()
-        self._writes: gevent.queue.Queue = gevent.queue.Queue()
+        self._writer = WriterThread(self._write_loop)
         self._greenlets: list[gevent.Greenlet] = []
         self._timers: set[gevent.Greenlet] = set()
         self._backlog = gevent.lock.BoundedSemaphore(max_backlog)
@@ -137,7 +138,8 @@ class JobScheduler:
         """Start dispatching, and with a journal, writing and replaying."""
         self._greenlets.append(gevent.spawn(self._dispatch))
         if self.journal is not None:
-            self._greenlets += [gevent.spawn(self._write_loop), gevent.spawn(self._replay_loop)]
+            self._writer.start()
+            self._greenlets.append(gevent.spawn(self._replay_loop))
 
     def greenlets(self) -> list[gevent.Greenlet]:
         """Every greenlet the scheduler runs (its loops and retry timers)."""
@@ -169,9 +171,10 @@ class JobScheduler:
         self.pause()
         if self.journal is not None:
             done = gevent.event.AsyncResult()
-            self._writes.put(("stop", None, done))
+            self._writer.put(("stop", None, done))
             done.get(timeout=30)
             gevent.killall(self._greenlets[1:])
+            self._writer.close()
             self.journal.close()
 
     # -- entry points ----------------------------------------------------
@@ -340,7 +343,7 @@ class JobScheduler:
                 error: Optional[ErrorInfo] = None) -> None:
         """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
         if job.durable:
-            self._writes.put(("record", outcome, None))
+            self._writer.put(("record", outcome, None))
         self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 
     def _later(self, delay: float, job: Job) -> None:
@@ -352,25 +355,20 @@ class JobScheduler:
 
     def _write(self, op: str, item: Any) -> Any:
         result = gevent.event.AsyncResult()
-        self._writes.put((op, item, result))
+        self._writer.put((op, item, result))
         return result.get()
 
-    def _next_batch(self, block: bool) -> list[tuple[str, Any, Any]]:
-        batch = [self._writes.get()] if block else []
-        while len(batch) < MAX_BATCH and not self._writes.empty():
-            batch.append(self._writes.get_nowait())
-        return batch
-
-    def _write_loop(self) -> None:
-        """Group commits. Outcomes whose write failed are kept and retried with backoff (never dropped);
-        waiting adds and starts get the error. After a failure, with nothing else to write, the
-        journal is probed until it can be written again; meanwhile :meth:`accept` refuses at once."""
+    def _write_loop(self, writer: WriterThread) -> None:
+        """Group commits, in the writer thread (``journal_writer.py``): every greenlet-side effect is
+        posted to the hub. Outcomes whose write failed are kept and retried with backoff (never
+        dropped); waiting adds and starts get the error. After a failure, with nothing else to write,
+        the journal is probed until it can be written again; meanwhile :meth:`accept` refuses at once.
+        Returns after a ``stop`` item."""
         assert self.journal is not None
-        pool = gevent.get_hub().threadpool
         carried: list[Outcome] = []
         failures = 0
         while True:
-            batch = self._next_batch(block=not (carried or self._broken))
+            batch = writer.next_batch(not (carried or self._broken), MAX_BATCH)
             waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start")]
             adds = [item for op, item, _ in batch if op == "add"]
             starts = [item for op, item, _ in batch if op == "start"]
@@ -379,42 +377,51 @@ class JobScheduler:
             refused: set[str] = set()
             try:
                 if waiting or records:
-                    fresh, refused = pool.apply(self.journal.write_all, (adds, records, starts))
+                    fresh, refused = self.journal.write_all(adds, records, starts)
                 elif self._broken:
-                    pool.apply(self.journal.probe)
+                    self.journal.probe()
             except Exception as exc:
                 failures += 1
                 carried = records
                 self._write_failed(exc, failures, len(records))
                 for _, _, result in waiting:
-                    result.set_exception(exc)
-                self._finish_stop(batch, carried)
-                gevent.sleep(_retry_delay(failures, 0.05))
+                    writer.post(result.set_exception, exc)
+                if self._finish_stop(writer, batch, carried):
+                    return
+                writer.sleep(_retry_delay(failures, 0.05))
                 continue
             if self._broken:
                 log.warning("the journal can be written again after %d failure(s)", failures)
             failures, carried, self._broken = 0, [], None
             states = iter(fresh)
             for op, item, result in waiting:
-                result.set(next(states) if op == "add" else item.id not in refused)
-            self._finish_stop(batch, carried)
+                writer.post(result.set, next(states) if op == "add" else item.id not in refused)
+            if self._finish_stop(writer, batch, carried):
+                return
 
     def _write_failed(self, exc: Exception, failures: int, outcomes: int) -> None:
-        self.runner.counters["journal_errors"] += 1
+        """In the writer thread: mark the journal broken at once (so :meth:`accept` refuses), count in the hub."""
+        self._writer.post(self._count_journal_error)
         self._broken = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, JournalGone) and self._gone is None:
             self._gone = str(exc)
         log.error("journal write failed (%d in a row; %d outcome(s) kept to retry): %s: %s",
                   failures, outcomes, type(exc).__name__, exc)
 
+    def _count_journal_error(self) -> None:
+        self.runner.counters["journal_errors"] += 1
+
     @staticmethod
-    def _finish_stop(batch: list[tuple[str, Any, Any]], carried: list[Outcome]) -> None:
+    def _finish_stop(writer: WriterThread, batch: list[tuple[str, Any, Any]], carried: list[Outcome]) -> bool:
+        """Answer a ``stop`` item in ``batch``; returns whether there was one (the writer then ends)."""
         for op, _, result in batch:
             if op == "stop":
                 if carried:
                     log.error("stopping with %d outcome(s) not journaled: those jobs stay pending and will run "
                               "again after a restart", len(carried))
-                result.set(True)
+                writer.post(result.set, True)
+                return True
+        return False
 
     def _replay_loop(self) -> None:
         """Claim and replay, forever; a failure is logged at ERROR and retried with backoff."""
@@ -489,7 +496,7 @@ class JobScheduler:
     def _bury(self, row: Row, error: str) -> None:
         self.runner.counters["jobs_dead"] += 1
         log.error("journaled job %s moved to the dead-letter state: %s", row.id, error)
-        self._writes.put(("record", Outcome(row.id, "dead", row.attempts, 0.0, error), None))
+        self._writer.put(("record", Outcome(row.id, "dead", row.attempts, 0.0, error), None))
 
 
 def _describe(error: ErrorInfo) -> str:
