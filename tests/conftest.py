@@ -1,7 +1,11 @@
 """Shared test configuration. Fixtures for workers and peers come from the zqsync.testing plugin."""
 
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -20,3 +24,15 @@ if os.environ.get("ZQSYNC_TEST_MONKEY") == "1" and not MONKEY_PATCHED:
 def root() -> str:
     """The repository root (examples/ and benchmarks/ live there)."""
     return ROOT
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path (``/tmp/zq-XXXX``), removed after the test.
+
+    For a ``TMPDIR`` under which the worker makes ``ipc://`` endpoints, whose paths
+    must stay under 107 bytes: ``tmp_path`` is longer under pytest-xdist (``popen-gwN/``).
+    """
+    path = Path(tempfile.mkdtemp(prefix="zq-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

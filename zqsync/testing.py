@@ -4,8 +4,9 @@ Fixtures
     ``zq_worker``: a factory; ``zq_worker("myapp.tasks:registry")`` starts a
     real ``zqsync worker`` process on ephemeral 127.0.0.1 ports and returns a
     :class:`~zqsync.processes.WorkerProcess` (``.endpoint``, ``.pid``,
-    ``.stats()``, ``.identities()``). Every worker is stopped by its pid at
-    teardown.
+    ``.stats()``, ``.identities()``). Every worker still running at teardown
+    is SIGKILLed with its process group (a test of the warm shutdown calls
+    ``worker.stop()`` itself).
 
     ``zq_peer``: a worker serving :data:`peer_registry`, whose tasks answer at
     once (``echo``), late (``delay``) or never (``drop``), and which records the
@@ -136,8 +137,8 @@ def zq_worker() -> Iterator[Callable[..., WorkerProcess]]:
         return worker.start()
 
     yield start
-    for worker in started:
-        worker.stop(timeout=10.0)
+    for worker in started:  # a test that checks the warm shutdown calls worker.stop() itself
+        worker.kill()
 
 
 @pytest.fixture

@@ -36,9 +36,8 @@ def test_metrics_bind_rejects_a_malformed_address():
 
 
 @pytest.mark.parametrize("multiproc_dir", [None, "", "/nonexistent/zqsync"], ids=["unset", "empty", "missing"])
-def test_prefork_metrics_dir_is_warned_about_and_removed_on_exit(zq_worker, tmp_path, multiproc_dir):
-    port, tmp = free_port(), tmp_path / "tmp"
-    tmp.mkdir()
+def test_prefork_metrics_dir_is_warned_about_and_removed_on_exit(zq_worker, short_tmp, multiproc_dir):
+    port, tmp = free_port(), short_tmp
     env = {"TMPDIR": str(tmp)}
     if multiproc_dir is not None:
         env["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
