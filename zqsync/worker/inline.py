@@ -22,6 +22,7 @@ in a pool greenlet, since they act on the process's main thread.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import gevent
@@ -122,16 +123,18 @@ def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callab
     """Run ``fn(*args)`` in the calling greenlet, holding one slot of ``slots`` (which must have a free one).
 
     :param hand_off: called from the hub if ``fn`` yields before it returns: it must start a new
-        greenlet that takes over the caller's receiving loop.
+        greenlet that takes over the caller's receiving loop. Not called in a child that ``fn``
+        forked: the child's copy of the worker must never read the inherited sockets.
     :returns: ``True`` if the caller is still the receiver, ``False`` if it handed off (it must then
         return once ``fn`` is done). Exceptions of ``fn`` propagate, after the slot is released.
     """
-    current = gevent.getcurrent()
+    current, pid = gevent.getcurrent(), os.getpid()
     handed: list[bool] = []
 
     def yielded() -> None:
         handed.append(True)
-        hand_off()
+        if os.getpid() == pid:  # a task that forked: its child must never take over the worker's sockets
+            hand_off()
 
     slots.add(current)
     callback = gevent.get_hub().loop.run_callback(yielded)
