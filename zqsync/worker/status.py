@@ -89,6 +89,8 @@ class JobBook:
         self._kept: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._waiters: dict[str, list[gevent.event.Event]] = {}
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # Outcomes of journaled jobs until their row says so: the journal writer commits them a moment later.
+        self._settling: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._closing = False
 
     # -- the scheduler's side ----------------------------------------------
@@ -109,11 +111,18 @@ class JobBook:
     def settled(self, job_id: str, state: str, *, result: Any = None, error: Optional[tuple[str, str, str]] = None,
                 due: float = 0.0) -> None:
         """An attempt's outcome (``state`` as reported): updates a kept plain status and wakes long-polls."""
+        now = time.time()
+        outcome = {"state": state, "result": result, "due": due or None,
+                   "error": None if error is None else dict(zip(("type", "message", "traceback"), error)),
+                   "finished_at": now if state in TERMINAL else None}
         status = self._kept.get(job_id)
         if status is not None:
-            status.update(state=state, result=result, due=due or None,
-                          error=None if error is None else dict(zip(("type", "message", "traceback"), error)),
-                          finished_at=time.time() if state in TERMINAL else None)
+            status.update(outcome)
+        elif self.journal is not None:
+            self._settling.pop(job_id, None)
+            self._settling[job_id] = {**outcome, "at": now}
+            while len(self._settling) > MAX_KEPT:
+                self._settling.popitem(last=False)
         self._notify(job_id)
 
     def take_cancel(self, job_id: str) -> bool:
@@ -160,6 +169,12 @@ class JobBook:
         row = self._row(job_id)
         if row is not None:
             status.update(self._from_row(row))
+            settling = self._settling.get(job_id)
+            if settling is not None:  # newer than the row until the writer commits the outcome
+                if row.updated_at < settling["at"]:
+                    status.update({key: value for key, value in settling.items() if key != "at"})
+                else:
+                    del self._settling[job_id]
         elif job_id in self._kept:
             status.update(self._kept[job_id])
         running = self._running.get(job_id)
