@@ -308,6 +308,7 @@ def gunicorn_rows(loads: dict[str, list[Load]], connections: dict[str, int], kin
                         quantiles=quantiles))
         rows.append(Row(mode, f"{ROUTES[name]} ({name}): TCP connections the worker accepted on its jobs endpoint",
                         connections[name], "connections"))
+        rows.append(Row(mode, f"{ROUTES[name]} ({name}): failed requests", sum(one.failed for one in runs), "requests"))
     failed = sum(one.failed for runs in loads.values() for one in runs)
     return rows + [
         checked(mode, "/enqueue (pooled) / per-request Client requests/s (median)",
