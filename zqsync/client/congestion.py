@@ -1,4 +1,4 @@
-"""Congestion control for enqueue over PUSH: BLOCK, or DROP with early drop.
+"""Congestion control for enqueue over the job sockets (send-only DEALER; PUSH works too): BLOCK, or DROP with early drop.
 
 Follows zenoh's congestion control (zenoh PRs 1627 and 1740):
 

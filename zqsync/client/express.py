@@ -1,4 +1,4 @@
-"""Enqueue's express lane: one non-blocking send on an idle pooled PUSH socket, in place.
+"""Enqueue's express lane: one non-blocking send on an idle pooled job socket (a send-only DEALER), in place.
 
 :func:`try_send` is what ``Client.enqueue`` tries first. It either hands the
 frame to ZeroMQ at once and returns ``True``, or touches nothing and returns
@@ -80,7 +80,7 @@ def owner_key(pid: int) -> tuple:
 def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
     """Send ``frame`` on an idle socket of ``pool`` for ``address`` without waiting.
 
-    :param pool: a send-only (PUSH) :class:`SocketPool`.
+    :param pool: a send-only :class:`SocketPool` (the client's job DEALERs, or PUSH).
     :param address: the endpoint (or tuple of endpoints) the bucket is keyed by.
     :param frame: the encoded request, bytes.
     :returns: ``True`` if ZeroMQ took the frame; ``False`` if the lane declined

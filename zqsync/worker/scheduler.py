@@ -506,7 +506,7 @@ def _describe(error: ErrorInfo) -> str:
 __all__ = ["Job", "JobScheduler", "build_scheduler"]
 
 
-def _repair_hint(exc: Exception, journal: Any) -> str:
+def _repair_hint(exc: Exception, journal: Optional[Journal]) -> str:
     """What an operator can do about a damaged journal file (``exc`` from SQLite); empty otherwise."""
     if not isinstance(exc, sqlite3.DatabaseError) or "malformed" not in str(exc):
         return ""
