@@ -210,19 +210,13 @@ class JobScheduler:
         cannot be written (or its file is gone), the answer is a
         ``JournalUnavailable`` error naming the cause, never an acknowledgement:
         at once while the journal is known to be broken. A new job waits for a
-        backlog place (``max_backlog``) before it is acknowledged. A malformed
-        ``due`` option gets a ``ProtocolError`` reply at once.
+        backlog place (``max_backlog``) before it is acknowledged.
         """
         if self._gone or self._broken:  # fail fast until the write loop finds the journal writable
             answer(self._refuse(request, self._gone or self._broken or ""))
             return
-        try:
-            body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
-            due = float(request.options.get("due", 0.0))
-        except (ProtocolError, TypeError, ValueError) as exc:
-            self.runner.counters["malformed"] += 1
-            answer(envelope.encode_error(request.id, ProtocolError.__name__, f"confirmed job not journaled: {exc}"))
-            return
+        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
+        due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         due = due if due > time.time() else 0.0
         self._writer.put(("add", NewJob(request.id, request.task, body, task.retries, due),
                           Confirm(task, request, due, answer)))
