@@ -12,9 +12,10 @@ object documented as safe to signal from another thread. The hub runs every
 posted callable in order, so greenlet-side state (``AsyncResult``, counters,
 queues) is only ever touched from the hub's thread.
 
-No ZeroMQ socket is used from this thread: acknowledgements are still sent
-by the greenlet that received the confirm, on the ROUTER that greenlet's
-thread owns (a libzmq socket must only be used from one thread).
+No ZeroMQ socket is used from this thread: the scheduler posts one callable
+per committed batch, which sends the batch's acknowledgements from the hub,
+on the ROUTER the hub's thread owns (a libzmq socket must only be used from
+one thread).
 """
 from __future__ import annotations
 

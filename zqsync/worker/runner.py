@@ -60,8 +60,8 @@ class Runner:
     :param registry: the tasks to serve.
     :param builtins: extra ``{name: fn}`` tasks answered on rpc only (the
         worker's ``zqsync.*`` introspection tasks).
-    :param confirm: handles ``confirm`` requests: ``confirm(request, task)``
-        returns the reply frame. ``None``: the worker has no journal, and
+    :param confirm: handles ``confirm`` requests: ``confirm(request, task, answer)``
+        returns at once and calls ``answer(reply frame)`` then or later, in the hub. ``None``: the worker has no journal, and
         confirmed jobs get an error reply saying how to enable them.
     :param watchdog: enforces time limits on tasks that do not yield
         (``watchdog.py``); ``None``: only ``gevent.Timeout``, which needs a yield.
@@ -74,7 +74,7 @@ class Runner:
         registry: Registry,
         *,
         builtins: Optional[dict[str, Callable[..., Any]]] = None,
-        confirm: Optional[Callable[[envelope.Request, Task], bytes]] = None,
+        confirm: Optional[Callable[[envelope.Request, Task, Callable[[bytes], None]], None]] = None,
         watchdog: Optional[Watchdog] = None,
         remote_tracebacks: bool = True,
     ) -> None:
@@ -174,16 +174,18 @@ class Runner:
             return Task(request.task, builtin)
         return self.registry.get(request.task)
 
-    def answer_confirm(self, request: envelope.Request, task: Task) -> bytes:
-        """Journal a confirmed job and acknowledge it; returns the reply frame."""
+    def answer_confirm(self, request: envelope.Request, task: Task, answer: Callable[[bytes], None]) -> None:
+        """Journal a confirmed job; ``answer(reply frame)`` is called once, now or later in the hub
+        (see ``confirm``). Never blocks."""
         if self.confirm is None:
-            return envelope.encode_error(
+            answer(envelope.encode_error(
                 request.id, NoJournal.__name__,
                 "this worker keeps no journal, so it cannot confirm jobs nor run delayed ones: start it with "
                 "--state-dir DIR",
-            )
+            ))
+            return
         self.counters["confirmed_received"] += 1
-        return self.confirm(request, task)
+        self.confirm(request, task, answer)
 
     def run(self, task: Task, request: envelope.Request, *, counted: bool = True) -> tuple[bool, Any]:
         """Run ``task`` once with the request's arguments under its time limit.

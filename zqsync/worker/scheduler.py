@@ -5,7 +5,8 @@
 * Confirmed jobs are journaled first (``journal.py``), in batches: one
   writer thread (``journal_writer.py``) commits every job that arrived meanwhile in one SQLite
   transaction (group commit), with no thread-pool hop, while the hub keeps
-  running. Only then is the job acknowledged. Each attempt is counted in
+  running. Only then is the job acknowledged: one hub callback per batch
+  answers all its jobs, and no greenlet waits for a confirm. Each attempt is counted in
   the journal before it starts; outcomes, retries and the final ``done`` or
   ``dead`` state are journaled after; so a job interrupted by a crash is
   replayed (at least once), and one that keeps killing its process is
@@ -31,10 +32,11 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import sqlite3
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import gevent
 import gevent.event
@@ -72,6 +74,15 @@ class Job(NamedTuple):
     alone: bool = False  # was running when its process died: runs with no other task beside it
 
 
+class Confirm(NamedTuple):
+    """A confirmed job on its way to the journal, and how to answer its client (in the hub)."""
+
+    task: Task
+    request: envelope.Request
+    due: float  # epoch seconds, or 0.0: run now
+    answer: Callable[[bytes], None]
+
+
 def build_scheduler(
     runner: Runner, slots: gevent.pool.Pool, state_dir: Optional[str], *, synchronous: str = "NORMAL",
     busy_timeout: float = 30.0, **options: Any,
@@ -100,8 +111,8 @@ class JobScheduler:
     :param keep_done: seconds ``done`` rows stay in the journal (duplicate detection).
     :param keep_dead: seconds ``dead`` rows stay in the journal (the dead letters).
     :param replay_interval: seconds between claims and replays of dead owners' pending jobs.
-    :param max_backlog: accepted or replayed confirmed jobs waiting for a slot; past it,
-        :meth:`accept` waits, and so the clients' acknowledgements do, and replay does.
+    :param max_backlog: accepted or replayed confirmed jobs waiting for a slot; past it, the
+        acknowledgements of newly journaled jobs wait (:meth:`admit`), and replay does.
     """
 
     def __init__(
@@ -128,11 +139,12 @@ class JobScheduler:
         self._gone: Optional[str] = None  # why the journal can never be written again
         self._broken: Optional[str] = None  # why the last write failed, until one succeeds
         self._foreign: set[str] = set()
+        self._parked: collections.deque[Confirm] = collections.deque()  # journaled, waiting for a backlog place
         self.book = JobBook(journal, keep_done)
         for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
             runner.counters.setdefault(key, 0)
         if journal is not None:
-            runner.confirm = self.accept
+            runner.confirm = self.admit
 
     def start(self) -> None:
         """Start dispatching, and with a journal, writing and replaying."""
@@ -185,48 +197,84 @@ class JobScheduler:
         if decoded is not None:
             self._attempt(Job(*decoded))
 
-    def accept(self, request: envelope.Request, task: Task) -> bytes:
-        """Journal a confirmed job, then acknowledge it; returns the reply frame.
+    def admit(self, request: envelope.Request, task: Task, answer: Callable[[bytes], None]) -> None:
+        """Journal a confirmed job without waiting: ``answer(reply frame)`` is called later, in the hub.
 
-        Blocks the calling greenlet until the journal transaction holding the
-        job has committed. A job id seen before is acknowledged as a duplicate
-        and not run again; one that is dead-lettered gets a ``DuplicateJob``
-        error. If the journal cannot be written (or its file is gone), the
-        reply is a ``JournalUnavailable`` error naming the cause, never an
-        acknowledgement.
+        Never blocks. The job goes to the writer thread, which commits it with
+        every job that arrived meanwhile (group commit) and then posts one hub
+        callback per batch (:meth:`_answer_batch`) that answers the batch's
+        jobs, so a job is acknowledged only after the transaction holding it
+        has committed and the journal file was checked to be the one opened.
+        A job id seen before is acknowledged as a duplicate and not run again;
+        one that is dead-lettered gets a ``DuplicateJob`` error. If the journal
+        cannot be written (or its file is gone), the answer is a
+        ``JournalUnavailable`` error naming the cause, never an acknowledgement:
+        at once while the journal is known to be broken. A new job waits for a
+        backlog place (``max_backlog``) before it is acknowledged.
         """
         if self._gone or self._broken:  # fail fast until the write loop finds the journal writable
-            return self._refuse(request, self._gone or self._broken or "")
+            answer(self._refuse(request, self._gone or self._broken or ""))
+            return
         body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
-        due = float(request.options.get("due", 0.0))
+        due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         due = due if due > time.time() else 0.0
-        self._backlog.acquire()
-        try:
-            existing = self._write("add", NewJob(request.id, request.task, body, task.retries, due))
-        except Exception as exc:
-            self._backlog.release()
-            return self._refuse(request, f"{type(exc).__name__}: {exc}")
-        except BaseException:
-            self._backlog.release()
-            raise
+        self._writer.put(("add", NewJob(request.id, request.task, body, task.retries, due),
+                          Confirm(task, request, due, answer)))
+
+    def _answer_batch(self, waiting: list[tuple[str, Any, Any]], fresh: list[Optional[str]], refused: set[str],
+                      error: Optional[Exception]) -> None:
+        """In the hub, after the writer thread committed a batch (or failed to, with ``error``): answer its
+        confirmed jobs and the greenlets waiting to start an attempt."""
+        states = iter(fresh)
+        for op, item, result in waiting:
+            if op == "start":
+                if error is None:
+                    result.set(item.id not in refused)
+                else:
+                    result.set_exception(error)
+            elif error is None:
+                self._journaled(result, next(states))
+            else:
+                result.answer(self._refuse(result.request, f"{type(error).__name__}: {error}"))
+
+    def _journaled(self, confirm: "Confirm", existing: Optional[str]) -> None:
+        """Answer a confirmed job whose journal transaction committed (``existing``: the state of a row
+        already under its id, ``None`` if the job is new)."""
+        request = confirm.request
         if existing is None:
             self.runner.counters["jobs_received"] += 1
             self.runner.counters["confirmed_accepted"] += 1
-        if existing is None and not due:
-            self._ready.put(Job(task, request, 0, True, admitted=True))
-            return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False})
-        self._backlog.release()
-        if existing is None:  # delayed: the replay loop starts it when due
-            log.info("journaled job %s (%s) to run at or after %.3f (epoch s)", request.id, request.task, due)
-            return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False, "due": due})
+            if not confirm.due:
+                if self._backlog.acquire(blocking=False):
+                    self._enter_backlog(confirm)
+                else:  # past the backlog bound the acknowledgement waits for a place (_free_place)
+                    self._parked.append(confirm)
+                return
+            log.info("journaled job %s (%s) to run at or after %.3f (epoch s)", request.id, request.task, confirm.due)
+            confirm.answer(envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False,
+                                                               "due": confirm.due}))
+            return
         self.runner.counters["confirmed_duplicates"] += 1
         if existing == "dead":
-            return envelope.encode_error(
+            confirm.answer(envelope.encode_error(
                 request.id, "DuplicateJob",
                 f"job {request.id} is already journaled and dead-lettered (its attempts are exhausted), so it "
                 f"was not run again: see `zqsync jobs --id {request.id}`, re-run it with `zqsync jobs requeue "
-                f"{request.id}`, or enqueue it under a new id")
-        return envelope.encode_result(request.id, {"job_id": request.id, "duplicate": True})
+                f"{request.id}`, or enqueue it under a new id"))
+            return
+        confirm.answer(envelope.encode_result(request.id, {"job_id": request.id, "duplicate": True}))
+
+    def _enter_backlog(self, confirm: "Confirm") -> None:
+        """A journaled new job that holds a backlog place: queue it to run, then acknowledge it."""
+        self._ready.put(Job(confirm.task, confirm.request, 0, True, admitted=True))
+        confirm.answer(envelope.encode_result(confirm.request.id, {"job_id": confirm.request.id, "duplicate": False}))
+
+    def _free_place(self) -> None:
+        """A backlog place is free: it goes to the oldest journaled job waiting for one, if any."""
+        if self._parked:
+            self._enter_backlog(self._parked.popleft())
+        else:
+            self._backlog.release()
 
     def _refuse(self, request: envelope.Request, cause: str) -> bytes:
         self.runner.counters["confirmed_refused"] += 1
@@ -243,7 +291,7 @@ class JobScheduler:
             if not job.alone:
                 self.slots.wait_available()
             if job.admitted:
-                self._backlog.release()
+                self._free_place()
                 job = job._replace(admitted=False)
             if job.alone:
                 self._run_alone(job)
@@ -362,7 +410,7 @@ class JobScheduler:
         """Group commits, in the writer thread (``journal_writer.py``): every greenlet-side effect is
         posted to the hub. Outcomes whose write failed are kept and retried with backoff (never
         dropped); waiting adds and starts get the error. After a failure, with nothing else to write,
-        the journal is probed until it can be written again; meanwhile :meth:`accept` refuses at once.
+        the journal is probed until it can be written again; meanwhile :meth:`admit` refuses at once.
         Returns after a ``stop`` item."""
         assert self.journal is not None
         carried: list[Outcome] = []
@@ -384,8 +432,7 @@ class JobScheduler:
                 failures += 1
                 carried = records
                 self._write_failed(exc, failures, len(records))
-                for _, _, result in waiting:
-                    writer.post(result.set_exception, exc)
+                writer.post(self._answer_batch, waiting, [], set(), exc)
                 if self._finish_stop(writer, batch, carried):
                     return
                 writer.sleep(_retry_delay(failures, 0.05))
@@ -393,14 +440,13 @@ class JobScheduler:
             if self._broken:
                 log.warning("the journal can be written again after %d failure(s)", failures)
             failures, carried, self._broken = 0, [], None
-            states = iter(fresh)
-            for op, item, result in waiting:
-                writer.post(result.set, next(states) if op == "add" else item.id not in refused)
+            if waiting:
+                writer.post(self._answer_batch, waiting, fresh, refused, None)
             if self._finish_stop(writer, batch, carried):
                 return
 
     def _write_failed(self, exc: Exception, failures: int, outcomes: int) -> None:
-        """In the writer thread: mark the journal broken at once (so :meth:`accept` refuses), count in the hub."""
+        """In the writer thread: mark the journal broken at once (so :meth:`admit` refuses), count in the hub."""
         self._writer.post(self._count_journal_error)
         self._broken = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, JournalGone) and self._gone is None:

@@ -73,6 +73,8 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 import gevent
+import gevent.event
+import gevent.lock
 import gevent.pool
 import zmq
 import zmq.green
@@ -98,7 +100,8 @@ log = logging.getLogger(__name__)
 
 #: Distinct client identities remembered for ``zqsync.stats``.
 MAX_IDENTITIES = 10_000
-#: Confirmed jobs being journaled at once (they share group commits).
+#: Confirmed jobs received and not yet answered at once (they share group commits); past it the
+#: rpc socket is not read until one is answered.
 ADMISSIONS = 64
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
@@ -116,6 +119,43 @@ WAITING_CALLS = 1000
 ADMIN_CALLS = 64
 #: Seconds between two looks of the main greenlet for a recorded stop signal.
 SIGNAL_POLL = 0.05
+
+
+class Admissions:
+    """Confirmed jobs received and not yet answered, at most ``size``: a count, with no greenlet per job.
+
+    Quacks like the part of a ``gevent.pool.Pool`` that :meth:`Worker._offer_work` and a stop use
+    (``free_count``, ``wait_available``, ``join``).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free = gevent.lock.BoundedSemaphore(size)
+        self._idle = gevent.event.Event()
+        self._idle.set()
+
+    def acquire(self) -> None:
+        """Take a place; blocks the calling greenlet while all ``size`` are taken."""
+        self._free.acquire()
+        self._idle.clear()
+
+    def release(self) -> None:
+        """Give a place back (the job was answered)."""
+        self._free.release()
+        if self._free.counter == self.size:
+            self._idle.set()
+
+    def free_count(self) -> int:
+        """Places free now."""
+        return int(self._free.counter)
+
+    def wait_available(self) -> None:
+        """Block the calling greenlet until a place is free."""
+        self._free.wait()
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Block the calling greenlet until every job taken in is answered, or ``timeout`` seconds."""
+        self._idle.wait(timeout)
 
 
 def _after_fork(worker: "weakref.ReferenceType[Worker]") -> None:
@@ -185,7 +225,7 @@ class Worker:
         self._backlog: collections.deque[bytes] = collections.deque()
         self._stopping = False
         self._replied_at = 0.0
-        self._admissions = gevent.pool.Pool(ADMISSIONS)
+        self._admissions = Admissions(ADMISSIONS)
         self.scheduler = build_scheduler(
             self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
             busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
@@ -297,7 +337,7 @@ class Worker:
             _common.disown(sock)
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
-                  *self._slots.greenlets, *self._admissions.greenlets, *self._calls.greenlets,
+                  *self._slots.greenlets, *self._calls.greenlets,
                   *self._waiting.greenlets, *self._admin.greenlets,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
@@ -366,7 +406,7 @@ class Worker:
         if self.ready_file and self.endpoint:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
-    def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: gevent.pool.Pool) -> None:
+    def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: "gevent.pool.Pool | Admissions") -> None:
         """Under a supervisor: keep up to :data:`~zqsync.worker.dispatch.CREDITS_MAX` ``kind`` credits
         (``dispatch.py``) outstanding, never more than ``pool`` has free slots.
 
@@ -411,8 +451,10 @@ class Worker:
         # inline in this greenlet (inline.py); else it waits for one in a greenlet
         # of its own (up to WAITING_CALLS of them; past that, receiving stops). The
         # worker's own calls need no slot and run at once. A confirmed job needs only
-        # to be journaled, so it is admitted without a task slot, up to a backlog
-        # bound (scheduler.py); the journal, not the task pool, buffers it.
+        # to be journaled, so it is admitted without a task slot and without a
+        # greenlet: handed to the journal's writer thread, and acknowledged from the
+        # hub right after its group commit (scheduler.py), up to ADMISSIONS at once
+        # and a backlog bound; the journal, not the task pool, buffers it.
         # The worker's own zqsync.* calls take no slot either: a long-poll
         # (zqsync.result) or a cancel must not wait behind the tasks it is about.
         current, reader = gevent.getcurrent(), self._readers[1]
@@ -447,7 +489,8 @@ class Worker:
         elif self._stopping:
             self._refuse(envelope, decoded[0])
         elif decoded[0].kind == "confirm":
-            self._admissions.spawn(self._answer, self.runner.answer_confirm, envelope, *decoded)
+            self._admissions.acquire()
+            self.runner.answer_confirm(decoded[0], decoded[1], partial(self._acknowledge, envelope))
         elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
             self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
         elif self._slots.free_count() and not len(self._waiting):
@@ -501,6 +544,15 @@ class Worker:
             self._reply(envelope, stopped)
             raise
         self._reply(envelope, reply)
+
+    def _acknowledge(self, envelope: list[bytes], reply: bytes) -> None:
+        """Answer a confirmed job (in the hub, or in the receiver for an answer given at once); a reply
+        that cannot be sent leaves the job unacknowledged, and its client sends it again."""
+        self._admissions.release()
+        try:
+            self._reply(envelope, reply)
+        except zmq.ZMQError as exc:
+            log.warning("could not answer a confirmed job of client %r: %s", envelope[-1], exc)
 
     def _reply(self, envelope: list[bytes], reply: bytes) -> None:
         self._replied_at = time.monotonic()
