@@ -1,4 +1,5 @@
-"""The backlog bound on confirmed jobs: past it, a committed job's acknowledgement waits for a place."""
+"""Confirmed jobs in the scheduler: journal operations per job, and the backlog bound (past it, a committed
+job's acknowledgement waits for a place)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from tests.helpers import slack
 from zqsync.wire import envelope
 from zqsync.worker import Registry
+from zqsync.worker.journal import Journal
 from zqsync.worker.runner import Runner
 from zqsync.worker.scheduler import build_scheduler
 
@@ -66,3 +68,39 @@ def test_acknowledgements_past_the_backlog_bound_wait_for_a_free_place(tmp_path)
     assert [answer["id"] for answer in answers] == keys
     assert all(answer["result"] == {"job_id": answer["id"], "duplicate": False} for answer in answers)
     assert sorted(RAN) == keys
+
+
+def _confirm(scheduler, key: str, answers: list) -> None:
+    request = envelope.decode_request(envelope.encode_request("confirm", key, "noop", (key,)))
+    scheduler.runner.answer_confirm(request, registry.get("noop"), lambda reply: answers.append(msgpack.unpackb(reply)))
+
+
+@pytest.mark.timeout(60)
+def test_a_job_with_a_free_slot_costs_two_journal_operations_and_one_waiting_for_a_slot_three(tmp_path, monkeypatch):
+    operations: list[tuple[int, int, int]] = []  # per transaction: inserts, starts, outcomes
+    write_all = Journal.write_all
+
+    def counting(journal, jobs=(), outcomes=(), starts=()):
+        jobs, outcomes, starts = list(jobs), list(outcomes), list(starts)
+        operations.append((len(jobs), len(starts), len(outcomes)))
+        return write_all(journal, jobs, outcomes, starts)
+
+    monkeypatch.setattr(Journal, "write_all", counting)
+    slots = gevent.pool.Pool(1)
+    scheduler = build_scheduler(Runner(registry), slots, str(tmp_path), replay_interval=60.0)
+    scheduler.start()
+    answers: list[dict] = []
+    try:
+        _confirm(scheduler, "free-slot", answers)
+        _wait(lambda: "free-slot" in RAN and sum(op[2] for op in operations) == 1, "the job to run and settle")
+        assert sum(op[1] for op in operations) == 0, "its first attempt was counted by its insert"
+        gate = gevent.event.Event()
+        slots.spawn(gate.wait)  # the only slot is busy: the next job waits, so its insert counts nothing
+        _confirm(scheduler, "no-slot", answers)
+        _wait(lambda: len(answers) == 2, "the second job to be acknowledged")
+        gate.set()
+        _wait(lambda: "no-slot" in RAN and sum(op[2] for op in operations) == 2, "the second job to run and settle")
+        assert sum(op[1] for op in operations) == 1, "its attempt was counted before it started, on its own"
+    finally:
+        scheduler.stop()
+    assert sum(op[0] for op in operations) == 2

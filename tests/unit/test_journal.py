@@ -50,6 +50,21 @@ def test_a_job_that_died_running_alone_with_attempts_exhausted_is_dead_lettered(
         ("shared", 1, SHARED), ("young", 1, ALONE)]
 
 
+def test_an_insert_that_counts_the_first_attempt_dies_shared_so_the_job_is_replayed_not_dead_lettered(tmp_path):
+    dead, me = owner(tmp_path), owner(tmp_path)
+    dead.write([("taken", "t", b"", 0)])  # already journaled: a counting insert of the same id leaves it alone
+    assert dead.write([("counted", "t", b"", 0, 0.0, 123.0), ("taken", "t", b"", 0, 0.0, 123.0)]) == [None, "pending"]
+    rows = {row.id: row for row in dead.rows(ids=["counted", "taken"])}
+    assert (rows["counted"].attempts, rows["counted"].running, rows["counted"].next_at) == (1, SHARED, 123.0)
+    assert rows["counted"].started_at is not None
+    assert (rows["taken"].attempts, rows["taken"].running, rows["taken"].started_at) == (0, 0, None)
+    dead.close()  # died between the commit and the start, with no retries left
+    claim = me.claim(["t"])
+    assert claim.died == [] and claim.claimed == 2
+    assert sorted((row.id, row.attempts, row.running) for row in me.take_replays(10)) == [
+        ("counted", 1, SHARED), ("taken", 0, 0)]
+
+
 def test_foreign_tasks_are_left_unclaimed_and_reported(tmp_path):
     dead, me = owner(tmp_path), owner(tmp_path)
     dead.write([("x", "theirs", b"", 0), ("y", "t", b"", 0)])

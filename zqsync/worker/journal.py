@@ -113,13 +113,20 @@ class Row(NamedTuple):
 
 
 class NewJob(NamedTuple):
-    """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job."""
+    """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job.
+
+    ``retry_at`` above 0 counts its first attempt in the insert itself, as a :class:`Start` would
+    (``running`` :data:`SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
+    committed, so it needs no transaction of its own to count that attempt. A row that already
+    exists is left as it is.
+    """
 
     id: str
     task: str
     body: bytes
     retries: int
     due: float = 0.0
+    retry_at: float = 0.0
 
 
 class Outcome(NamedTuple):
@@ -300,7 +307,7 @@ class Journal:
         outcomes: Iterable[Outcome] = (),
         starts: Iterable[Start] = (),
     ) -> list[Optional[str]]:
-        """In one transaction (group commit): count attempts about to start, store attempt outcomes, and
+        """In one transaction (group commit): store attempt outcomes, count attempts about to start, and
         journal new jobs (:class:`NewJob` fields), owned by this connection's token.
 
         Before committing new jobs it checks the file is still the one opened.
@@ -320,14 +327,15 @@ class Journal:
         new = [NewJob(*job) for job in jobs]
 
         def apply(db: sqlite3.Connection) -> tuple[list[Optional[str]], set[str]]:
-            refused = {start.id for start in starts if not db.execute(
-                "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?, started_at = ?"
-                " WHERE id = ? AND state = 'pending'", (start.running, start.retry_at, now, now, start.id)).rowcount}
+            # Outcomes first: a retry's start may share the transaction with the outcome of the attempt before.
             db.executemany(
                 "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, result = ?, running = 0,"
                 " updated_at = ?, finished_at = CASE WHEN ? = 'pending' THEN NULL ELSE ? END"
                 " WHERE id = ? AND state != 'cancelled'",
                 [(o.state, o.attempts, o.next_at, o.error, o.result, now, o.state, now, o.id) for o in outcomes])
+            refused = {start.id for start in starts if not db.execute(
+                "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?, started_at = ?"
+                " WHERE id = ? AND state = 'pending'", (start.running, start.retry_at, now, now, start.id)).rowcount}
             fresh = [self._insert(db, job, now) for job in new]
             if new:
                 self.check_file()
@@ -336,10 +344,13 @@ class Journal:
         return self._transaction(apply)
 
     def _insert(self, db: sqlite3.Connection, job: NewJob, now: float) -> Optional[str]:
+        started = job.retry_at > 0
         inserted = db.execute(
             "INSERT OR IGNORE INTO jobs (id, task, body, state, owner, owner_pid, retries, created_at, updated_at,"
-            " next_at, replay) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?)",
-            (job.id, job.task, job.body, self.token, os.getpid(), job.retries, now, now, job.due, int(job.due > 0)),
+            " next_at, replay, attempts, running, started_at) VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (job.id, job.task, job.body, self.token, os.getpid(), job.retries, now, now,
+             job.retry_at if started else job.due, int(job.due > 0), int(started), SHARED if started else 0,
+             now if started else None),
         ).rowcount
         job_id = job.id
         if inserted == 1:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any, Callable, Optional
 
 import gevent
@@ -32,41 +33,82 @@ _start_thread = monkey.get_original("_thread", "start_new_thread")
 _SimpleQueue = monkey.get_original("queue", "SimpleQueue")
 _sleep = monkey.get_original("time", "sleep")
 
+#: Longest wait, seconds, of an item queued with :meth:`WriterThread.defer` before the thread is woken for it.
+LINGER = 0.002
+#: Wakes the thread for deferred items; never part of a batch.
+_FLUSH = object()
+
 
 class WriterThread:
     """Runs ``loop(writer)`` in a native thread; the loop takes work with :meth:`next_batch`.
 
     :param loop: the body of the thread; it returns when the writer is to end.
+    :param linger: seconds an item queued with :meth:`defer` may wait for other work to go with.
     """
 
-    def __init__(self, loop: Callable[["WriterThread"], None]) -> None:
+    def __init__(self, loop: Callable[["WriterThread"], None], linger: float = LINGER) -> None:
         self._loop = loop
         self._inbox: Any = _SimpleQueue()
+        self._deferred: collections.deque[tuple[float, Any]] = collections.deque()  # (monotonic s, item)
+        self._linger = linger
+        self._flush: Optional[Any] = None
         self._outbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._wake: Optional[Any] = None
 
     def start(self) -> None:
         """Start the thread (call from the hub's thread, which runs the posted callables)."""
-        self._wake = gevent.get_hub().loop.async_()
+        loop = gevent.get_hub().loop
+        self._wake = loop.async_()
         self._wake.start(self._run_posted)
+        self._flush = loop.timer(self._linger)
         _start_thread(self._run, ())
 
     def close(self) -> None:
         """Stop answering the hub (the thread ends when its loop returns)."""
-        if self._wake is not None:
-            self._wake.close()
-            self._wake = None
+        for watcher in (self._wake, self._flush):
+            if watcher is not None:
+                watcher.close()
+        self._wake = self._flush = None
 
     def put(self, item: Any) -> None:
         """Queue ``item`` for the thread; never blocks."""
         self._inbox.put(item)
 
+    def defer(self, item: Any) -> None:
+        """In the hub: queue ``item`` without waking the thread now. It goes with the next batch the thread
+        takes, at most about ``linger`` seconds later (a timer wakes the thread then, if nothing else has).
+        Never blocks."""
+        self._deferred.append((time.monotonic(), item))
+        self._arm(self._linger)
+
+    def _arm(self, seconds: float) -> None:
+        flush = self._flush
+        if flush is not None and not flush.active:
+            flush.stop()  # a fired timer is restarted with a new delay
+            self._flush = flush.loop.timer(seconds)
+            self._flush.start(self._wake_for_deferred)
+
+    def _wake_for_deferred(self) -> None:
+        """In the hub, when the timer fires: wake the thread if the oldest deferred item waited ``linger``."""
+        try:
+            age = time.monotonic() - self._deferred[0][0]
+        except IndexError:  # the thread took them all meanwhile
+            return
+        if age >= self._linger:
+            self._inbox.put(_FLUSH)
+        else:
+            self._arm(self._linger - age)
+
     def next_batch(self, block: bool, limit: int) -> list[Any]:
-        """In the thread: up to ``limit`` queued items, waiting for the first one if ``block``."""
+        """In the thread: up to ``limit`` items, waiting for one to be queued if ``block``, with the deferred
+        ones first (an empty list when the thread was woken for deferred items another batch took)."""
         batch = [self._inbox.get()] if block else []
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
-        return batch
+        deferred = []
+        while len(deferred) < limit and self._deferred:
+            deferred.append(self._deferred.popleft()[1])
+        return [item for item in deferred + batch if item is not _FLUSH]
 
     def post(self, function: Callable[..., Any], *args: Any) -> None:
         """In the thread: have the hub call ``function(*args)`` soon, after everything posted before."""

@@ -72,6 +72,7 @@ class Job(NamedTuple):
     durable: bool = False
     admitted: bool = False  # holds a backlog place until it starts
     alone: bool = False  # was running when its process died: runs with no other task beside it
+    counted: bool = False  # its next attempt is already counted in the journal (by the insert)
 
 
 class Confirm(NamedTuple):
@@ -81,6 +82,7 @@ class Confirm(NamedTuple):
     request: envelope.Request
     due: float  # epoch seconds, or 0.0: run now
     answer: Callable[[bytes], None]
+    counted: bool  # its insert counts the first attempt (NewJob.retry_at)
 
 
 def build_scheduler(
@@ -140,7 +142,8 @@ class JobScheduler:
         self._broken: Optional[str] = None  # why the last write failed, until one succeeds
         self._foreign: set[str] = set()
         self._parked: collections.deque[Confirm] = collections.deque()  # journaled, waiting for a backlog place
-        self.book = JobBook(journal, keep_done)
+        self._counting = 0  # confirmed jobs whose first attempt is counted by their insert, not started yet
+        self.book = JobBook(journal, keep_done, flush=self.flush)
         for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
             runner.counters.setdefault(key, 0)
         if journal is not None:
@@ -217,9 +220,17 @@ class JobScheduler:
             return
         body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
-        due = due if due > time.time() else 0.0
-        self._writer.put(("add", NewJob(request.id, request.task, body, task.retries, due),
-                          Confirm(task, request, due, answer)))
+        now = time.time()
+        due = due if due > now else 0.0
+        # A job that will find a free slot the moment it is committed has its first attempt counted by
+        # its insert (NewJob.retry_at): one journal operation less per job. Should the process die
+        # before the attempt starts, the job is replayed like any job that was running then (alone,
+        # attempt counted; never dead-lettered for it, since it was not running alone).
+        counted = not due and self._counting < self.slots.free_count()
+        self._counting += counted
+        retry_at = now + task.backoff_for(1) if counted else 0.0
+        self._writer.put(("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
+                          Confirm(task, request, due, answer, counted)))
 
     def _answer_batch(self, waiting: list[tuple[str, Any, Any]], fresh: list[Optional[str]], refused: set[str],
                       error: Optional[Exception]) -> None:
@@ -227,14 +238,15 @@ class JobScheduler:
         confirmed jobs and the greenlets waiting to start an attempt."""
         states = iter(fresh)
         for op, item, result in waiting:
-            if op == "start":
+            if op != "add":  # a start or a flush: its greenlet waits for the commit
                 if error is None:
-                    result.set(item.id not in refused)
+                    result.set(op == "flush" or item.id not in refused)
                 else:
                     result.set_exception(error)
             elif error is None:
                 self._journaled(result, next(states))
             else:
+                self._counting -= result.counted
                 result.answer(self._refuse(result.request, f"{type(error).__name__}: {error}"))
 
     def _journaled(self, confirm: "Confirm", existing: Optional[str]) -> None:
@@ -254,6 +266,7 @@ class JobScheduler:
             confirm.answer(envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False,
                                                                "due": confirm.due}))
             return
+        self._counting -= confirm.counted
         self.runner.counters["confirmed_duplicates"] += 1
         if existing == "dead":
             confirm.answer(envelope.encode_error(
@@ -266,7 +279,7 @@ class JobScheduler:
 
     def _enter_backlog(self, confirm: "Confirm") -> None:
         """A journaled new job that holds a backlog place: queue it to run, then acknowledge it."""
-        self._ready.put(Job(confirm.task, confirm.request, 0, True, admitted=True))
+        self._ready.put(Job(confirm.task, confirm.request, 0, True, admitted=True, counted=confirm.counted))
         confirm.answer(envelope.encode_result(confirm.request.id, {"job_id": confirm.request.id, "duplicate": False}))
 
     def _free_place(self) -> None:
@@ -293,6 +306,7 @@ class JobScheduler:
             if job.admitted:
                 self._free_place()
                 job = job._replace(admitted=False)
+            self._counting -= job.counted
             if job.alone:
                 self._run_alone(job)
             else:
@@ -319,7 +333,7 @@ class JobScheduler:
         if not job.durable and self.book.take_cancel(job_id):
             log.info("job %s (%s) was cancelled before this attempt: skipped", job_id, job.task.name)
             return
-        if job.durable and not self._count_start(job, attempts):
+        if job.durable and not job.counted and not self._count_start(job, attempts):
             return
         keep = not job.durable and (job.task.store_result or bool(job.request.options.get("store")))
         self.book.started(job_id, job.task.name, attempts, keep=keep)
@@ -341,7 +355,7 @@ class JobScheduler:
                     job_id, job.task.name, attempts, delay, value[0], value[1])
         self._settle(job, Outcome(job_id, "pending", attempts, time.time() + delay, _describe(value)),
                      "scheduled", error=value)
-        self._later(delay, job._replace(attempts=attempts))
+        self._later(delay, job._replace(attempts=attempts, counted=False))
 
     def _succeeded(self, job: Job, attempts: int, value: Any) -> None:
         self.runner.counters["jobs_succeeded"] += 1
@@ -390,8 +404,8 @@ class JobScheduler:
     def _settle(self, job: Job, outcome: Outcome, state: str, *, result: Any = None,
                 error: Optional[ErrorInfo] = None) -> None:
         """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
-        if job.durable:
-            self._writer.put(("record", outcome, None))
+        if job.durable:  # goes with the next group commit, or LINGER s from now (journal_writer.py)
+            self._writer.defer(("record", outcome, None))
         self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 
     def _later(self, delay: float, job: Job) -> None:
@@ -400,6 +414,15 @@ class JobScheduler:
         timer.link(self._timers.discard)
 
     # -- the journal -----------------------------------------------------
+
+    def flush(self) -> None:
+        """Block the calling greenlet until every outcome recorded so far is committed (outcomes go to the
+        journal a moment after their attempt ends, with the next group commit).
+
+        :raises sqlite3.Error, JournalGone: the journal could not be written (the outcomes are kept to retry).
+        """
+        if self.journal is not None:
+            self._write("flush", None)
 
     def _write(self, op: str, item: Any) -> Any:
         result = gevent.event.AsyncResult()
@@ -417,7 +440,7 @@ class JobScheduler:
         failures = 0
         while True:
             batch = writer.next_batch(not (carried or self._broken), MAX_BATCH)
-            waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start")]
+            waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start", "flush")]
             adds = [item for op, item, _ in batch if op == "add"]
             starts = [item for op, item, _ in batch if op == "start"]
             records = carried + [item for op, item, _ in batch if op == "record"]

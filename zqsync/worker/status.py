@@ -79,10 +79,13 @@ class JobBook:
 
     :param journal: the worker's journal, or ``None`` (no confirmed jobs here).
     :param keep_done: seconds a finished plain job's status stays in memory.
+    :param flush: blocks until the outcomes recorded so far are in the journal (the scheduler's).
     """
 
-    def __init__(self, journal: Optional[Journal], keep_done: float) -> None:
+    def __init__(self, journal: Optional[Journal], keep_done: float,
+                 flush: Callable[[], None] = lambda: None) -> None:
         self.journal = journal
+        self.flush = flush
         self.keep_done = keep_done
         self.worker = ""  # the base endpoint, set once bound
         self._running: dict[str, Running] = {}
@@ -220,6 +223,8 @@ class JobBook:
             gevent.kill(running.greenlet, Cancelled(job_id))
             running.greenlet.join(timeout=5.0)
             return {**self.job(job_id), "cancelled": True}
+        if self.journal is not None:
+            self.flush()  # an outcome recorded a moment ago (a retry's "pending") is in the row before it is read
         done = self.journal is not None and gevent.get_hub().threadpool.apply(self.journal.cancel, (job_id,))
         kept = self._kept.get(job_id)
         if not done and kept is not None and kept["state"] in ("pending", "scheduled"):
