@@ -105,7 +105,7 @@ class WriterThread:
         batch = [self._inbox.get()] if block else []
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
-        deferred = []
+        deferred: list[Any] = []
         while len(deferred) < limit and self._deferred:
             deferred.append(self._deferred.popleft()[1])
         return [item for item in deferred + batch if item is not _FLUSH]
