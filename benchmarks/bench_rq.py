@@ -76,6 +76,7 @@ from benchmarks.harness import (
     REPO_ROOT,
     Row,
     checked,
+    cpu_seconds,
     describe,
     interleaved,
     pin,
@@ -341,24 +342,44 @@ def time_batch(send: Callable[[Any], Any], jobs: int, callers: int) -> float:
     return time.perf_counter() - started
 
 
-def measure(variants: dict[str, Variant], settings: Settings, callers: int, mode: str) -> dict[str, list[float]]:
-    """Throughput (jobs/s) per variant per round, after one untimed batch of each.
+class CpuPerJob(NamedTuple):
+    """Microseconds of CPU per ``zqsync confirmed`` job, per round: this process over the timed sends
+    (every thread), and the worker over the sends and the settling that follows (every thread: the
+    hub, the journal's writer thread and libzmq's I/O thread), so every job is paid in full: journal,
+    acknowledgement, run and outcome."""
 
-    :returns: per variant, one figure per round: its jobs over its timed seconds.
+    client: list[float]
+    worker: list[float]
+
+
+def measure(variants: dict[str, Variant], settings: Settings, callers: int, mode: str,
+            worker_pid: int) -> tuple[dict[str, list[float]], CpuPerJob]:
+    """Throughput (jobs/s) per variant per round, after one untimed batch of each, and the CPU per
+    ``zqsync confirmed`` job.
+
+    :returns: per variant, one figure per round: its jobs over its timed seconds; and the CPU per job.
     """
     for variant in variants.values():
         time_batch(variant.send, variant.jobs, callers)
         variant.settle(variant.jobs)
     throughput: dict[str, list[float]] = {name: [] for name in variants}
+    cpu = CpuPerJob([], [])
     with progress(settings.rounds * len(variants), mode) as bar:
         for name in interleaved(list(variants), settings.rounds, bar):
             variant = variants[name]
-            seconds = 0.0
+            seconds, client = 0.0, 0.0
+            worker = cpu_seconds(worker_pid)
             for _ in range(variant.batches):
+                client -= cpu_seconds(os.getpid())
                 seconds += time_batch(variant.send, variant.jobs, callers)
+                client += cpu_seconds(os.getpid())
                 variant.settle(variant.jobs)
-            throughput[name].append(variant.jobs * variant.batches / seconds)
-    return throughput
+            jobs = variant.jobs * variant.batches
+            throughput[name].append(jobs / seconds)
+            if name == "zqsync confirmed":
+                cpu.client.append(client / jobs * 1e6)
+                cpu.worker.append((cpu_seconds(worker_pid) - worker) / jobs * 1e6)
+    return throughput, cpu
 
 
 def measure_mode(settings: Settings, layout: str, callers: int) -> list[Row]:
@@ -371,9 +392,16 @@ def measure_mode(settings: Settings, layout: str, callers: int) -> list[Row]:
         variants = stack.enter_context(zqsync_variants(worker, settings, callers))
         for name, server in servers.items():
             variants[name] = stack.enter_context(rq_variant(server, settings))
-        throughput = measure(variants, settings, callers, mode)
+        throughput, cpu = measure(variants, settings, callers, mode, worker.pid)
         retries = {name: variant.retries() for name, variant in variants.items() if variant.retries}
-    return throughput_rows(mode, throughput, skipped) + retry_rows(mode, retries)
+    return throughput_rows(mode, throughput, skipped) + cpu_rows(mode, cpu) + retry_rows(mode, retries)
+
+
+def cpu_rows(mode: str, cpu: CpuPerJob) -> list[Row]:
+    """The CPU each confirmed job costs the client and the worker (medians of rounds): each side runs on
+    one CPU in the default layout, so 1e6 / (us per job) bounds its jobs/s, whatever the other side does."""
+    return [Row(mode, f"zqsync confirmed: {side} CPU per job, every thread", statistics.median(per_round), "us",
+                rounds=per_round) for side, per_round in (("client", cpu.client), ("worker", cpu.worker)) if per_round]
 
 
 def retry_rows(mode: str, retries: dict[str, int]) -> list[Row]:

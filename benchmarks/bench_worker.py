@@ -41,6 +41,7 @@ from benchmarks.harness import (
     Row,
     base_parser,
     checked,
+    cpu_seconds,
     dealer,
     describe,
     interleaved,
@@ -98,13 +99,6 @@ def echo_process(cpus: set[int]) -> Iterator[str]:
         stop_process(child)
 
 
-def main_thread_cpu(pid: int) -> float:
-    """Seconds of CPU (user + system) that process ``pid``'s main thread has used."""
-    with open(f"/proc/{pid}/task/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(settings: Settings, layout: str) -> list[Row]:
     """Both variants interleaved in rounds, and the worker's CPU per call over the zqsync rounds."""
     samples: dict[str, list[list[float]]] = {"zqsync": [], "echo": []}
@@ -121,10 +115,10 @@ def measure(settings: Settings, layout: str) -> list[Row]:
             warm_up(call, settings.warmup)
         bar = stack.enter_context(progress(settings.rounds * 2, "worker: sequential"))
         for name in interleaved(list(calls), settings.rounds, bar):
-            before = main_thread_cpu(worker.pid)
+            before = cpu_seconds(worker.pid, worker.pid)
             samples[name].append(time_calls(calls[name], settings.calls))
             if name == "zqsync":
-                cpu.append((main_thread_cpu(worker.pid) - before) / settings.calls * 1e6)
+                cpu.append((cpu_seconds(worker.pid, worker.pid) - before) / settings.calls * 1e6)
     return rows(samples, cpu)
 
 

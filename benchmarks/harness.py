@@ -120,6 +120,15 @@ def pin(pid: int, cpus: set[int]) -> None:
             continue
 
 
+def cpu_seconds(pid: int, thread: Optional[int] = None) -> float:
+    """Seconds of CPU (user + system) used so far by process ``pid``, every thread (``/proc/PID/stat``),
+    or only its thread ``thread`` (``/proc/PID/task/TID/stat``; the main thread's id is ``pid``)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path) as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
 def placed(worker: WorkerProcess, layout: str) -> Iterator[None]:
     """Pin this process and the worker per ``layout`` (see ``LAYOUTS``) until the block ends.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import gevent
 import gevent.event
 import pytest
@@ -44,3 +46,62 @@ def test_the_loop_blocks_its_own_thread_while_the_hub_runs_and_posts_arrive_in_o
     assert loop_thread.get(timeout=1) != hub
     assert seen == [(item, hub) for item in range(20)]
     assert len(ticks) >= 20  # at least two slow batches (0.6 s) passed with the hub ticking every 10 ms
+
+
+def _batches_of(writer: WriterThread, batches: list[list], taken: gevent.event.Event) -> None:
+    """A writer loop that records each non-empty batch it takes (until a ``None`` item)."""
+    while True:
+        batch = writer.next_batch(True, 100)
+        if batch:
+            batches.append(batch)
+            writer.post(taken.set)
+        if None in batch:
+            return
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_item_waits_for_the_next_batch_and_is_taken_first():
+    batches: list[list] = []
+    taken = gevent.event.Event()
+    writer = WriterThread(lambda w: _batches_of(w, batches, taken), linger=30.0)
+    writer.start()
+    try:
+        writer.defer("outcome")
+        gevent.sleep(0.3)
+        assert batches == [], "a deferred item alone does not wake the thread before its linger"
+        writer.put("insert")
+        assert taken.wait(timeout=10)
+        assert batches == [["outcome", "insert"]]
+    finally:
+        writer.put(None)
+        writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_item_with_nothing_else_to_go_with_is_taken_after_its_linger():
+    batches: list[list] = []
+    taken = gevent.event.Event()
+    writer = WriterThread(lambda w: _batches_of(w, batches, taken), linger=0.2)
+    writer.start()
+    try:
+        started = time.monotonic()
+        writer.defer("outcome")
+        assert taken.wait(timeout=10)
+        waited = time.monotonic() - started
+        assert batches == [["outcome"]]
+        assert waited >= 0.2, waited
+        taken.clear()
+        writer.defer("older")  # arms the timer
+        gevent.sleep(0.1)
+        writer.put("insert")  # takes "older" along
+        assert taken.wait(timeout=10)
+        taken.clear()
+        started = time.monotonic()
+        writer.defer("younger")  # the timer armed for "older" fires first, finds it gone, and waits on
+        assert taken.wait(timeout=10)
+        waited = time.monotonic() - started
+        assert batches[1:] == [["older", "insert"], ["younger"]]
+        assert waited >= 0.2, f"taken {waited:.3f} s after it was deferred: the older item's timer flushed it"
+    finally:
+        writer.put(None)
+        writer.close()
