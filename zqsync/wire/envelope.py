@@ -344,7 +344,9 @@ def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
         _check_str(message, "id", MAX_ID)
     if ok is True:
         result = message.get("result")
-        _check_value(result)
+        if not (type(result) in SCALAR_TYPES or (type(result) is dict and _all_scalar(result) and _all_scalar(
+                result.values()))):  # the common cases (a value, a flat map such as an acknowledgement): no walk
+            _check_value(result)
         return Reply(message["id"], True, result, None)
     error = message.get("error")
     if ok is not False or not isinstance(error, dict):
