@@ -104,3 +104,34 @@ def test_a_job_with_a_free_slot_costs_two_journal_operations_and_one_waiting_for
     finally:
         scheduler.stop()
     assert sum(op[0] for op in operations) == 2
+
+
+GATE = gevent.event.Event()
+
+
+@registry.task
+def gated(key: str) -> None:
+    GATE.wait()
+    RAN.append(key)
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_yields_hands_dispatching_over_so_later_jobs_start_beside_it(tmp_path):
+    RAN.clear()
+    GATE.clear()
+    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(3), str(tmp_path), replay_interval=60.0)
+    scheduler.start()
+    answers: list[dict] = []
+    try:
+        request = envelope.decode_request(envelope.encode_request("confirm", "gated", "gated", ("gated",)))
+        scheduler.runner.answer_confirm(request, registry.get("gated"), lambda reply: answers.append(reply))
+        _wait(lambda: len(answers) == 1, "the gated job to be acknowledged")
+        for key in ("fast-1", "fast-2"):
+            _confirm(scheduler, key, answers)
+        _wait(lambda: sorted(RAN) == ["fast-1", "fast-2"], "the fast jobs to run while the gated one waits")
+        GATE.set()
+        _wait(lambda: len(RAN) == 3, "the gated job to finish")
+    finally:
+        GATE.set()
+        scheduler.stop()
+    assert RAN[-1] == "gated"

@@ -47,6 +47,7 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
+from .inline import run_inline
 from .journal import ALONE, DIED, SHARED, Journal, JournalGone, NewJob, Outcome, Row, Start
 from .journal_writer import WriterThread
 from .registry import Task
@@ -142,6 +143,7 @@ class JobScheduler:
         self._broken: Optional[str] = None  # why the last write failed, until one succeeds
         self._foreign: set[str] = set()
         self._parked: collections.deque[Confirm] = collections.deque()  # journaled, waiting for a backlog place
+        self._paused = False
         self._counting = 0  # confirmed jobs whose first attempt is counted by their insert, not started yet
         self.book = JobBook(journal, keep_done, flush=self.flush)
         for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
@@ -164,7 +166,10 @@ class JobScheduler:
         """Start no more jobs (retries and backlog included); jobs not started stay pending."""
         for timer in list(self._timers):
             timer.kill(block=False)
-        gevent.killall(self._greenlets[:1])
+        self._paused = True
+        dispatcher = self._greenlets[:1]
+        if dispatcher and dispatcher[0] not in self.slots:  # waiting (one running a job inline ends with it)
+            gevent.killall(dispatcher)
 
     def discard_plain_pending(self) -> int:
         """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry or a slot.
@@ -299,7 +304,11 @@ class JobScheduler:
     # -- execution -------------------------------------------------------
 
     def _dispatch(self) -> None:
-        while True:
+        """Start ready jobs as slots free up, each run inline in this greenlet (``inline.py``: no greenlet
+        spawned for a job that does not yield). A job that yields hands dispatching over to a new
+        greenlet (``_greenlets[0]``) and this one ends with the job."""
+        current = gevent.getcurrent()
+        while self._greenlets[0] is current and not self._paused:
             job = self._ready.get()
             if not job.alone:
                 self.slots.wait_available()
@@ -309,8 +318,17 @@ class JobScheduler:
             self._counting -= job.counted
             if job.alone:
                 self._run_alone(job)
-            else:
-                self.slots.spawn(self._attempt, job)
+                continue
+            try:
+                if not run_inline(self.slots, self._hand_off, self._attempt, job):
+                    return
+            except Exception:  # pragma: no cover - _attempt reports a task's own errors
+                log.exception("job %s (%s) could not be run", job.request.id, job.task.name)
+
+    def _hand_off(self) -> None:
+        """In the hub: the job run inline yielded; a new greenlet takes over dispatching."""
+        if not self._paused:
+            self._greenlets[0] = gevent.spawn(self._dispatch)
 
     def _run_alone(self, job: Job) -> None:
         """Run a job suspected of killing its process with every other slot held, so it takes no
