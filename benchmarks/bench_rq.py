@@ -404,6 +404,29 @@ def cpu_rows(mode: str, cpu: CpuPerJob) -> list[Row]:
                 rounds=per_round) for side, per_round in (("client", cpu.client), ("worker", cpu.worker)) if per_round]
 
 
+def journal_floor(jobs: int) -> Row:
+    """CPU per job of the journal alone, in this process: one transaction per job holding its insert
+    (first attempt counted) and the previous job's outcome, as a worker's writer thread commits them for
+    sequential confirms (``zqsync.worker.journal``: SQLite, WAL, ``synchronous=NORMAL``)."""
+    from zqsync.wire import envelope
+    from zqsync.worker.journal import Journal, Outcome
+
+    body = envelope.encode_request("job", "job-0", "echo", (PAYLOAD,))
+    with tempfile.TemporaryDirectory(prefix="zqsync-bench-journal-") as scratch:
+        journal = Journal(scratch)
+        journal.register()
+        try:
+            started = cpu_seconds(os.getpid())
+            for index in range(jobs):
+                journal.write_all([(f"job-{index}", "echo", body, 0, 0.0, 1.0)],
+                                  [Outcome(f"job-{index - 1}", "done", 1, 0.0, None, b"")] if index else [])
+            used = cpu_seconds(os.getpid()) - started
+        finally:
+            journal.close()
+    return Row("sequential", "floor: one journal transaction per job (insert + previous outcome), CPU",
+               used / jobs * 1e6, "us")
+
+
 def retry_rows(mode: str, retries: dict[str, int]) -> list[Row]:
     """A sanity row per confirmed variant: confirmations retried (each waited over ``confirm_retry``)."""
     return [checked(mode, f"{name}: confirmations retried after confirm_retry (a sanity check)", count, "retries",
@@ -486,7 +509,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.gevent:
         rows = run_gevent(settings, args.cpus, args.greenlets)
     else:
-        rows = measure_mode(settings, args.cpus, 1)
+        rows = measure_mode(settings, args.cpus, 1) + [journal_floor(settings.batch * 4)]
         if not args.sequential_only:
             rows += run_gevent_subprocess(args, settings)
     if args.json:
