@@ -10,24 +10,23 @@ where a ``poll`` first added about 4 us per round trip.
 A green socket is driven at the C level (``zmq.backend.Socket``'s methods):
 zmq.green's own send and receive read ``EVENTS`` after every operation, a
 ``poll`` and a ``getpid`` system call each. Only an operation that would
-block waits, on a gevent io watcher of the socket's ``FD``, under the
-watcher's own deadline (docs/design.md, pool rule 12: zmq.green ignores
-``RCVTIMEO``/``SNDTIMEO``; only our own deadline is swallowed, and a caller's
-``gevent.Timeout`` propagates untouched). The wait keeps ZeroMQ's
-edge-triggered protocol:
+block waits, on the socket's ``FD`` under a deadline of its own (docs/design.md,
+pool rule 12: zmq.green ignores ``RCVTIMEO``/``SNDTIMEO``; only our own
+deadline is swallowed, and a caller's ``gevent.Timeout`` propagates
+untouched). The wait keeps ZeroMQ's edge-triggered protocol:
 
 * The ``FD`` turns readable when a command reaches the socket, and whoever
   next reads ``EVENTS`` or operates on the socket consumes that signal. So
-  ``EVENTS`` is read after the last operation and before sleeping; a command
-  that comes later leaves the ``FD`` readable until the watcher sees it.
-* zmq.green keeps its own watcher on the same ``FD``, which reads ``EVENTS``
-  from the hub. Queued in a loop iteration that then runs our greenlet
-  first, it would run after we armed our wait and consume the edge of a
-  reply that had come in the meantime: the wait would sleep through the
-  reply until its deadline (``tests/integration/test_green_wait.py``). It is
-  stopped (which also drops a queued run) for the duration of the wait and
-  started again after, so outside a wait the socket is an ordinary
-  zmq.green socket.
+  ``EVENTS`` is read after the last operation, before sleeping; a command
+  that comes later leaves the ``FD`` readable until the wait sees it.
+* zmq.green keeps a watcher of its own on the ``FD``, whose callback reads
+  ``EVENTS``. A run of it queued in a loop iteration that first ran our
+  greenlet would come after our wait was armed and consume the edge of a
+  reply that arrived meanwhile: the wait would sleep through the reply
+  until its deadline (``tests/integration/test_green_wait.py``). So the wait
+  borrows that watcher: stopping it drops any queued run, the wait runs on
+  it, and its own callback is put back after. Outside a wait the socket is
+  an ordinary zmq.green socket.
 * Nothing else can consume an edge during the wait: a pooled socket has one
   lessee at a time (pool rule 2), and the sweeper and the express lane touch
   idle sockets only.
@@ -72,36 +71,29 @@ def _green(sock: zmq.Socket, operation: Callable[[], Any], event: int, timeout: 
 
 
 def _wait(sock: zmq.Socket, deadline: Optional[float]) -> bool:
-    """Sleep until the socket's ``FD`` signals, with zmq.green's watcher stopped meanwhile (module
-    docstring); ``False`` if ``deadline`` (monotonic seconds, ``None``: none) passed first."""
+    """Sleep until the socket's ``FD`` signals, on zmq.green's own watcher of it, borrowed for the
+    wait (module docstring); ``False`` if ``deadline`` (monotonic seconds, ``None``: none) passed first."""
+    from gevent.socket import wait as wait_on_watcher
+
     remaining = None if deadline is None else deadline - time.monotonic()
     if remaining is not None and remaining <= 0:
         return False
     watcher = _watcher(sock)
-    if watcher is None:
-        return _wait_fd(sock, remaining)
     callback = watcher.callback
     watcher.stop()  # also drops a run of it already queued in this loop iteration
     try:
-        return _wait_fd(sock, remaining)
+        wait_on_watcher(watcher, remaining, _Expired)
+    except _Expired:
+        return False
     finally:
-        if _watcher(sock) is watcher:  # not closed meanwhile
+        if _watcher(sock) is watcher:  # zmq.green did not close the socket meanwhile
             watcher.start(callback)
+    return True
 
 
 def _watcher(sock: zmq.Socket) -> Any:
-    """zmq.green's own watcher of the socket's ``FD``; ``None`` once the socket is closed."""
+    """zmq.green's own io watcher of the socket's ``FD``; ``None`` once the socket is closed."""
     return None if sock.closed else getattr(sock, "_state_event", None)
-
-
-def _wait_fd(sock: zmq.Socket, remaining: Optional[float]) -> bool:
-    from gevent.socket import wait_read
-
-    try:
-        wait_read(_c_get(sock, zmq.FD), remaining, _Expired)
-    except _Expired:
-        return False
-    return True
 
 
 def send(sock: zmq.Socket, frame: bytes, timeout: Optional[float]) -> bool:
