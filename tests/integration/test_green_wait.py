@@ -35,7 +35,7 @@ from zqsync.wire import envelope
 from zqsync.wire.endpoints import split_endpoint
 
 #: Seconds the greenlets hammer the worker.
-HAMMER_FOR = 8.0
+HAMMER_FOR = 4.0
 #: A call's deadline, seconds: a reply on this idle loopback worker takes milliseconds.
 CALL_TIMEOUT = 3.0
 GREENLETS = 64
@@ -143,3 +143,26 @@ def test_a_stale_watcher_of_the_socket_running_after_the_wait_is_armed_does_not_
     assert got[0] == "A"
     reply, waited = got[1]
     assert reply == "B", f"the reply to B was lost: the wait ended empty after {waited:.1f} s"
+
+
+@pytest.mark.timeout(60)
+def test_after_a_transport_wait_the_socket_still_wakes_zmq_greens_own_blocking_receive(zq_peer):
+    """The wait borrows zmq.green's watcher of the socket and must give it back: zmq.green's own
+    blocking ``recv`` (woken only by that watcher) gets the next reply, after a wait that ran out
+    and after one that ended with a reply."""
+    peer = zq_peer()
+    gevent.get_hub()
+    context = zmq.green.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(split_endpoint(peer.endpoint)[1])
+    try:
+        assert transport.recv(sock, 0.05) is None  # a wait that ran out
+        assert transport.send(sock, _request("1", "delay", 0.05, "one"), slack(5.0))
+        assert envelope.decode_reply(transport.recv(sock, slack(10.0))).result == "one"  # one that got a reply
+        assert transport.send(sock, _request("2", "delay", 0.05, "two"), slack(5.0))
+        with gevent.Timeout(slack(5.0), AssertionError("zmq.green's recv was never woken")):
+            assert envelope.decode_reply(sock.recv()).result == "two"
+    finally:
+        sock.close(linger=0)
+        context.term()
