@@ -455,7 +455,9 @@ class Client:
         ``timeout`` seconds in all."""
         deadline = time.monotonic() + timeout
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
-        with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
+        lease = (express.lease_idle(self._dealer, target)
+                 or self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)))
+        with lease as sock:
             return self._round_trip(sock, frame, request_id, task, timeout, deadline)
 
     def _round_trip(

@@ -1,4 +1,4 @@
-"""Enqueue's express lane: one non-blocking send on an idle pooled job socket (a send-only DEALER), in place.
+"""Express lanes: enqueue's non-blocking send on an idle pooled job socket, and call's one-step lease.
 
 :func:`try_send` is what ``Client.enqueue`` tries first. It either hands the
 frame to ZeroMQ at once and returns ``True``, or touches nothing and returns
@@ -52,14 +52,14 @@ always takes the full path.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 import greenlet
 import zmq
 
 from . import notices
 from .owner import _native_local, current_hub, current_owner
-from .pool import SocketPool, _holders
+from .pool import Lease, SocketPool, _holders
 
 _slot = _native_local()
 _c_send = zmq.backend.Socket.send  # the C-level send, even on a zmq.green socket: no EVENTS poll after it
@@ -112,3 +112,46 @@ def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
         return True
     finally:
         lock.release()
+
+
+def lease_idle(pool: SocketPool, address: Any) -> Optional[Lease]:
+    """A lease of an idle socket of ``pool`` for ``address``, taken in one step; ``None``: take :meth:`SocketPool.lease`.
+
+    :param pool: the client's call (DEALER) pool.
+    :param address: the endpoint (or tuple of endpoints) the bucket is keyed by.
+    :returns: a :class:`Lease` to use in a ``with`` block, as ``pool.lease()``'s; its exit applies
+        the pool's rules as always (park on a clean exit, discard a DEALER on any exception: rule 3).
+
+    ``Client.call`` tries it first. It skips the full lease's owner registration,
+    sweep check and permit wait, and keeps the rules as :func:`try_send` does:
+    the fork check (rule 9: ``os.getpid()`` against the pool's pid, declining
+    after a fork so the full lease resets the pool); per-owner keying (rule 1:
+    :func:`owner_key`); nested-lease detection (rule 7: a caller holding a lease
+    is declined, and the full lease raises); exclusivity (rule 2: the socket
+    leaves its idle bucket under the pool lock, taken without blocking, and is
+    recorded in flight as the full lease records it); the cap and its fairness
+    (rules 5 and 6: it takes a real permit, without waiting, and a
+    :class:`~zqsync.client.permits.FairPermits` refuses while anyone queues).
+    First use (no bucket or no idle socket), a closed pool or socket, and
+    contention on the lock decline. Never blocks; raises nothing.
+    """
+    pid = os.getpid()
+    holder = greenlet.getcurrent()
+    if pool._pid != pid or pool._closed or holder in _holders:
+        return None
+    key = (owner_key(pid), address)
+    permits = pool._permits.get(key)
+    lock = pool._lock
+    if permits is None or not lock.acquire(False):
+        return None
+    try:
+        bucket = pool._idle.get(key)
+        if not bucket or bucket[-1].closed or not permits.acquire(blocking=False):
+            return None
+        sock = bucket.pop()
+        pool._stats["reused"] += 1
+        pool._enter_flight(sock, holder)
+        _holders[holder] = pool
+    finally:
+        lock.release()
+    return Lease(pool, key, permits, holder, sock, pid)
