@@ -125,7 +125,9 @@ def lease_idle(pool: SocketPool, address: Any) -> Optional[Lease]:
     ``Client.call`` tries it first. It skips the full lease's owner registration,
     sweep check and permit wait, and keeps the rules as :func:`try_send` does:
     the fork check (rule 9: ``os.getpid()`` against the pool's pid, declining
-    after a fork so the full lease resets the pool); per-owner keying (rule 1:
+    after a fork so the full lease resets the pool; the owner key carries the
+    pid too, so a child never finds the parent's permits or bucket even
+    without this check); per-owner keying (rule 1:
     :func:`owner_key`); nested-lease detection (rule 7: a caller holding a lease
     is declined, and the full lease raises); exclusivity (rule 2: the socket
     leaves its idle bucket under the pool lock, taken without blocking, and is
