@@ -32,6 +32,9 @@ rule numbers below refer to it.
   :class:`PoolError`, never aborts (rule 10).
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
   sockets (rule 12, ``transport.py``).
+* A send-only pool's context starts its libzmq I/O thread under Linux's
+  ``SCHED_BATCH`` when that is safe (``iosched.py``): a job's wake-up no
+  longer preempts the caller, and jobs queued meanwhile leave in one write.
 
 ``Client.enqueue`` first tries ``express.py``: one non-blocking send on an
 idle socket of the bucket, in place under this pool's lock, declining to the
@@ -74,7 +77,7 @@ import zmq
 from .. import _common
 from ..errors import PoolError, ZqsyncWarning
 from ..settings import ClientSettings
-from . import lifecycle
+from . import iosched, lifecycle
 from .owner import Owner, current_owner
 from .permits import new_permits
 
@@ -201,6 +204,8 @@ class SocketPool:
             context = zmq.Context(io_threads=1)
             limit = context.get(zmq.SOCKET_LIMIT)
             context.set(zmq.MAX_SOCKETS, min(self.max_sockets, limit))
+            if self.send_only:
+                iosched.batch_io_threads(context)  # jobs leave in batches, not one wake-up each (iosched.py)
             self._context = context
         return context
 
