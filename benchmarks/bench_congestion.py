@@ -74,6 +74,7 @@ from benchmarks.harness import (
 from tests.helpers import wait_for
 from tests.integration.test_congestion import PAYLOAD as FILL_PAYLOAD
 from tests.integration.test_congestion import SMALL_HWM, fill_until_dropped
+from zqsync.client import iosched
 from zqsync.client.congestion import STATE, CongestionControl
 from zqsync.processes import WorkerProcess
 from zqsync.settings import ClientSettings
@@ -240,12 +241,12 @@ def stalled_rows(samples: dict[str, list[list[float]]], buffered: dict[str, int]
 # -- phase 2: the healthy fast path ------------------------------------------------
 
 
-def _raw_push(env: Env, hwm: int) -> zmq.Socket:
+def _raw_push(context: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
     """A plain DEALER (as the client uses) to the worker's jobs endpoint, with the client's send HWM."""
-    sock = env.context.socket(zmq.DEALER)
+    sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
-    sock.connect(split_endpoint(env.endpoint)[0])
+    sock.connect(split_endpoint(endpoint)[0])
     return sock
 
 
@@ -271,14 +272,19 @@ def healthy_senders(env: Env, drain: Drain) -> Iterator[dict[str, Send]]:
     """``Client.enqueue`` under BLOCK and under DROP, and a raw PUSH loop body, each ``send(payload)``.
 
     The raw body builds the frame the client builds, with a fresh job id per
-    message, and sends it with no pool, lease, deadline or congestion logic.
+    message, and sends it with no pool, lease, deadline or congestion logic, on
+    a context of its own whose I/O thread runs under the policy the client's job
+    pools use (``zqsync/client/iosched.py``: ``SCHED_BATCH`` where allowed), so
+    the floor is like for like.
     Each client first sends one job under BLOCK, counted in ``drain``, so its
     pooled socket is connected: under DROP, jobs sent before the handshake
     completes may be dropped.
     """
     block = zqsync.Client(env.endpoint, congestion=CongestionControl.BLOCK)
     drop = zqsync.Client(env.endpoint, congestion=CongestionControl.DROP)
-    sock = _raw_push(env, block.settings.hwm)
+    raw_context = type(env.context)()
+    iosched.batch_io_threads(raw_context)
+    sock = _raw_push(raw_context, env.endpoint, block.settings.hwm)
 
     def raw(payload: Any) -> None:
         sock.send(envelope.encode_request("job", os.urandom(16).hex(), "echo", (payload,), {}))
@@ -294,6 +300,7 @@ def healthy_senders(env: Env, drain: Drain) -> Iterator[dict[str, Send]]:
             raise RuntimeError("the healthy worker made the DROP client drop: the fast path was not measured")
     finally:
         sock.close()
+        raw_context.destroy(linger=0)
         block.close(linger=0)
         drop.close(linger=0)
 
