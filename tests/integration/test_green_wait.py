@@ -97,6 +97,16 @@ def _busy_after(delay: float, seconds: float) -> None:
     _busy(seconds)
 
 
+def _green_dealer(endpoint: str) -> tuple[zmq.green.Context, zmq.Socket]:
+    """A zmq.green DEALER of a context of its own, connected to the rpc endpoint of ``endpoint``."""
+    gevent.get_hub()
+    context = zmq.green.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(split_endpoint(endpoint)[1])
+    return context, sock
+
+
 def _request(request_id: str, task: str, *args) -> bytes:
     return envelope.encode_request("call", request_id, task, args)
 
@@ -109,12 +119,7 @@ def test_a_stale_watcher_of_the_socket_running_after_the_wait_is_armed_does_not_
     runs the timers first, in order of expiry: the holder reads A, sends B and waits; the busy
     greenlet gives B time to arrive; only then the queued zmq.green watcher runs and reads
     ``EVENTS``, which consumes B's edge. The holder's wait must still end with B, at once."""
-    peer = zq_peer()
-    gevent.get_hub()
-    context = zmq.green.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(split_endpoint(peer.endpoint)[1])
+    context, sock = _green_dealer(zq_peer().endpoint)
     got: list = []
     stale: list = []
 
@@ -150,12 +155,7 @@ def test_after_a_transport_wait_the_socket_still_wakes_zmq_greens_own_blocking_r
     """The wait borrows zmq.green's watcher of the socket and must give it back: zmq.green's own
     blocking ``recv`` (woken only by that watcher) gets the next reply, after a wait that ran out
     and after one that ended with a reply."""
-    peer = zq_peer()
-    gevent.get_hub()
-    context = zmq.green.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(split_endpoint(peer.endpoint)[1])
+    context, sock = _green_dealer(zq_peer().endpoint)
     try:
         assert transport.recv(sock, 0.05) is None  # a wait that ran out
         assert transport.send(sock, _request("1", "delay", 0.05, "one"), slack(5.0))

@@ -54,24 +54,19 @@ def test_jobs_leave_through_a_batch_io_thread_and_calls_through_a_default_one(zq
         client.close(linger=1.0)
 
 
-def test_a_real_time_caller_keeps_libzmq_default(monkeypatch):
-    """libzmq aborts the process if the kernel refuses the policy: a SCHED_FIFO caller (priority > 0,
-    which SCHED_BATCH rejects) must leave the context alone."""
-    monkeypatch.setattr(os, "sched_getscheduler", lambda pid: os.SCHED_FIFO)
-    context = zmq.Context()
-    try:
-        assert iosched.batch_io_threads(context) is False
-        assert context.get(zmq.THREAD_SCHED_POLICY) == -1
-    finally:
-        context.term()
+def _refuse(pid: int, policy: int, param: object) -> None:
+    raise PermissionError(1, "Operation not permitted")
 
 
-def test_a_refused_probe_keeps_libzmq_default(monkeypatch):
-    """A sandbox that forbids sched_setscheduler: the probe fails, and nothing is asked of libzmq."""
-    def refuse(pid: int, policy: int, param: object) -> None:
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+@pytest.mark.parametrize("name, fake", [
+    # libzmq aborts the process if the kernel refuses the policy: a SCHED_FIFO caller (priority > 0,
+    # which SCHED_BATCH rejects) must leave the context alone.
+    ("sched_getscheduler", lambda pid: os.SCHED_FIFO),
+    # A sandbox that forbids sched_setscheduler: the probe fails, and nothing is asked of libzmq.
+    ("sched_setscheduler", _refuse),
+], ids=["real-time caller", "refused probe"])
+def test_a_caller_that_may_not_switch_policy_keeps_libzmq_default(monkeypatch, name, fake):
+    monkeypatch.setattr(os, name, fake)
     context = zmq.Context()
     try:
         assert iosched.batch_io_threads(context) is False

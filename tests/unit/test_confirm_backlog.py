@@ -135,3 +135,31 @@ def test_a_job_that_yields_hands_dispatching_over_so_later_jobs_start_beside_it(
         GATE.set()
         scheduler.stop()
     assert RAN[-1] == "gated"
+
+
+def _row(state_dir: str, job_id: str) -> tuple:
+    with sqlite3.connect(os.path.join(state_dir, "journal.sqlite3")) as db:
+        return db.execute("SELECT state, attempts, running FROM jobs WHERE id = ?", (job_id,)).fetchone()
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_plain_pending_rows(tmp_path):
+    RAN.clear()
+    slots = gevent.pool.Pool(2)
+    scheduler = build_scheduler(Runner(registry), slots, str(tmp_path), replay_interval=60.0)
+    scheduler.start()
+    answers: list[dict] = []
+    gate = gevent.event.Event()
+    try:
+        for key in ("x", "y"):  # two free slots: both inserts count a first attempt...
+            _confirm(scheduler, key, answers)
+        for _ in range(2):  # ...but the slots are taken before the commits
+            slots.spawn(gate.wait)
+        _wait(lambda: len(answers) == 2, "both jobs to be acknowledged")
+        assert _row(str(tmp_path), "x") == ("pending", 1, 1)
+        scheduler.pause()
+    finally:
+        scheduler.stop()
+        gate.set()
+    assert RAN == []
+    assert [_row(str(tmp_path), key) for key in ("x", "y")] == [("pending", 0, 0)] * 2

@@ -59,12 +59,18 @@ def _batches_of(writer: WriterThread, batches: list[list], taken: gevent.event.E
             return
 
 
-@pytest.mark.timeout(60)
-def test_a_deferred_item_waits_for_the_next_batch_and_is_taken_first():
+def _recording_writer(linger: float) -> tuple[WriterThread, list[list], gevent.event.Event]:
+    """A started writer with :func:`_batches_of` as its loop: (writer, its batches, set on each batch)."""
     batches: list[list] = []
     taken = gevent.event.Event()
-    writer = WriterThread(lambda w: _batches_of(w, batches, taken), linger=30.0)
+    writer = WriterThread(lambda w: _batches_of(w, batches, taken), linger=linger)
     writer.start()
+    return writer, batches, taken
+
+
+@pytest.mark.timeout(60)
+def test_a_deferred_item_waits_for_the_next_batch_and_is_taken_first():
+    writer, batches, taken = _recording_writer(linger=30.0)
     try:
         writer.defer("outcome")
         gevent.sleep(0.3)
@@ -79,10 +85,7 @@ def test_a_deferred_item_waits_for_the_next_batch_and_is_taken_first():
 
 @pytest.mark.timeout(60)
 def test_a_deferred_item_with_nothing_else_to_go_with_is_taken_after_its_linger():
-    batches: list[list] = []
-    taken = gevent.event.Event()
-    writer = WriterThread(lambda w: _batches_of(w, batches, taken), linger=0.2)
-    writer.start()
+    writer, batches, taken = _recording_writer(linger=0.2)
     try:
         started = time.monotonic()
         writer.defer("outcome")

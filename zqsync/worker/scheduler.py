@@ -144,6 +144,7 @@ class JobScheduler:
         self._foreign: set[str] = set()
         self._parked: collections.deque[Confirm] = collections.deque()  # journaled, waiting for a backlog place
         self._paused = False
+        self._holding: Optional[Job] = None  # taken from the ready queue, waiting for a slot
         self._counting = 0  # confirmed jobs whose first attempt is counted by their insert, not started yet
         self.book = JobBook(journal, keep_done, flush=self.flush)
         for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
@@ -190,12 +191,23 @@ class JobScheduler:
         """Pause, then flush what is still to be journaled and close the journal."""
         self.pause()
         if self.journal is not None:
+            self._uncount_unstarted()
             done = gevent.event.AsyncResult()
             self._writer.put(("stop", None, done))
             done.get(timeout=30)
             gevent.killall(self._greenlets[1:])
             self._writer.close()
             self.journal.close()
+
+    def _uncount_unstarted(self) -> None:
+        """On stop: jobs whose first attempt their insert counted, but which never started, go back to
+        plain pending rows (attempts 0, not running), so the next worker runs them as new, not alone."""
+        waiting = [job.request.id for job in [self._holding, *self._ready.queue] if job is not None and job.counted]
+        waiting += [confirm.request.id for confirm in self._parked if confirm.counted]
+        for job_id in waiting:
+            self._writer.defer(("record", Outcome(job_id, "pending", 0, 0.0, None), None))
+        if waiting:
+            log.info("%d journaled job(s) not started before the stop stay pending", len(waiting))
 
     # -- entry points ----------------------------------------------------
 
@@ -309,9 +321,10 @@ class JobScheduler:
         greenlet (``_greenlets[0]``) and this one ends with the job."""
         current = gevent.getcurrent()
         while self._greenlets[0] is current and not self._paused:
-            job = self._ready.get()
+            job = self._holding = self._ready.get()
             if not job.alone:
                 self.slots.wait_available()
+            self._holding = None
             if job.admitted:
                 self._free_place()
                 job = job._replace(admitted=False)
