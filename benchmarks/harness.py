@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import itertools
 import json
 import operator
 import os
@@ -33,6 +32,7 @@ import msgpack
 import zmq
 
 import zqsync
+from zqsync import settings
 from zqsync.processes import WorkerProcess, stop_process
 from zqsync.wire import envelope
 from zqsync.wire.endpoints import split_endpoint
@@ -183,12 +183,14 @@ def dealer(env: Env) -> Any:
     return sock
 
 
-_request_ids = itertools.count()
+#: The deadline ``Client.call`` stamps on a request by default, seconds.
+CALL_TIMEOUT = settings.CALL_TIMEOUT
 
 
 def round_trip(sock: Any, payload: Any) -> Any:
-    """Encode the same request frame the client sends, send it, decode the reply. No checks."""
-    sock.send(envelope.encode_request("call", str(next(_request_ids)), "echo", (payload,), {}))
+    """Encode the same request frame ``Client.call`` sends (a 32-hex id, the default ``call_timeout`` as
+    its deadline), send it, decode the reply. No checks."""
+    sock.send(envelope.encode_request("call", os.urandom(16).hex(), "echo", (payload,), {}, deadline=CALL_TIMEOUT))
     return envelope.decode_reply(sock.recv()).result
 
 
