@@ -3,8 +3,8 @@
 * Plain jobs (PUSH/PULL) run at most once per delivery; a failed one is
   retried in memory per the task's ``retries``/``backoff``.
 * Confirmed jobs are journaled first (``journal.py``), in batches: one
-  writer thread (``journal_writer.py``) commits every job that arrived meanwhile in one SQLite
-  transaction (group commit), with no thread-pool hop, while the hub keeps
+  writer thread (``group_commit.py``, ``journal_writer.py``) commits every job that arrived meanwhile
+  in one SQLite transaction (group commit), with no thread-pool hop, while the hub keeps
   running. Only then is the job acknowledged: one hub callback per batch
   answers all its jobs, and no greenlet waits for a confirm. Each attempt is counted in
   the journal before it starts; outcomes, retries and the final ``done`` or
@@ -47,21 +47,17 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
+from .group_commit import GroupCommit, retry_delay
 from .inline import run_inline
-from .journal import ALONE, DIED, SHARED, Journal, JournalGone, NewJob, Outcome, Row, Start
-from .journal_writer import WriterThread
+from .journal import ALONE, DIED, SHARED, Journal, NewJob, Outcome, Row, Start
 from .registry import Task
 from .runner import ErrorInfo, Runner
 from .status import Cancelled, JobBook
 
 log = logging.getLogger(__name__)
 
-#: Most operations one journal transaction carries.
-MAX_BATCH = 1000
 #: Journaled jobs read from the journal per replay step.
 REPLAY_BATCH = 500
-#: Longest wait, seconds, between retries of a failing journal operation.
-MAX_RETRY_DELAY = 10.0
 
 
 class Job(NamedTuple):
@@ -101,10 +97,6 @@ def build_scheduler(
     return JobScheduler(runner, slots, journal=journal, **options)
 
 
-def _retry_delay(failures: int, base: float) -> float:
-    return min(MAX_RETRY_DELAY, base * 2 ** min(failures, 16))
-
-
 class JobScheduler:
     """Dispatches jobs into ``slots`` with retries; journals confirmed jobs when ``journal`` is given.
 
@@ -135,12 +127,10 @@ class JobScheduler:
         self.keep_done, self.keep_dead = keep_done, keep_dead
         self.replay_interval = replay_interval
         self._ready: gevent.queue.Queue = gevent.queue.Queue()
-        self._writer = WriterThread(self._write_loop)
+        self._commits = None if journal is None else GroupCommit(journal, runner.counters, self._answer_batch)
         self._greenlets: list[gevent.Greenlet] = []
         self._timers: set[gevent.Greenlet] = set()
         self._backlog = gevent.lock.BoundedSemaphore(max_backlog)
-        self._gone: Optional[str] = None  # why the journal can never be written again
-        self._broken: Optional[str] = None  # why the last write failed, until one succeeds
         self._foreign: set[str] = set()
         self._parked: collections.deque[Confirm] = collections.deque()  # journaled, waiting for a backlog place
         self._paused = False
@@ -155,8 +145,8 @@ class JobScheduler:
     def start(self) -> None:
         """Start dispatching, and with a journal, writing and replaying."""
         self._greenlets.append(gevent.spawn(self._dispatch))
-        if self.journal is not None:
-            self._writer.start()
+        if self._commits is not None:
+            self._commits.start()
             self._greenlets.append(gevent.spawn(self._replay_loop))
 
     def greenlets(self) -> list[gevent.Greenlet]:
@@ -190,22 +180,19 @@ class JobScheduler:
     def stop(self) -> None:
         """Pause, then flush what is still to be journaled and close the journal."""
         self.pause()
-        if self.journal is not None:
-            self._uncount_unstarted()
-            done = gevent.event.AsyncResult()
-            self._writer.put(("stop", None, done))
-            done.get(timeout=30)
+        if self._commits is not None and self.journal is not None:
+            self._uncount_unstarted(self._commits)
+            self._commits.stop()
             gevent.killall(self._greenlets[1:])
-            self._writer.close()
             self.journal.close()
 
-    def _uncount_unstarted(self) -> None:
+    def _uncount_unstarted(self, commits: GroupCommit) -> None:
         """On stop: jobs whose first attempt their insert counted, but which never started, go back to
         plain pending rows (attempts 0, not running), so the next worker runs them as new, not alone."""
         waiting = [job.request.id for job in [self._holding, *self._ready.queue] if job is not None and job.counted]
         waiting += [confirm.request.id for confirm in self._parked if confirm.counted]
         for job_id in waiting:
-            self._writer.defer(("record", Outcome(job_id, "pending", 0, 0.0, None), None))
+            commits.defer("record", Outcome(job_id, "pending", 0, 0.0, None))
         if waiting:
             log.info("%d journaled job(s) not started before the stop stay pending", len(waiting))
 
@@ -232,8 +219,10 @@ class JobScheduler:
         at once while the journal is known to be broken. A new job waits for a
         backlog place (``max_backlog``) before it is acknowledged.
         """
-        if self._gone or self._broken:  # fail fast until the write loop finds the journal writable
-            answer(self._refuse(request, self._gone or self._broken or ""))
+        assert self._commits is not None  # admit is the runner's confirm only with a journal
+        refusal = self._commits.gone or self._commits.broken
+        if refusal:  # fail fast until the write loop finds the journal writable
+            answer(self._refuse(request, refusal))
             return
         body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
@@ -246,8 +235,8 @@ class JobScheduler:
         counted = not due and self._counting < self.slots.free_count()
         self._counting += counted
         retry_at = now + task.backoff_for(1) if counted else 0.0
-        self._writer.put(("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
-                          Confirm(task, request, due, answer, counted)))
+        self._commits.put("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
+                          Confirm(task, request, due, answer, counted))
 
     def _answer_batch(self, waiting: list[tuple[str, Any, Any]], fresh: list[Optional[str]], refused: set[str],
                       error: Optional[Exception]) -> None:
@@ -411,7 +400,8 @@ class JobScheduler:
         backoff = job.task.backoff_for(attempts)
         start = Start(job.request.id, ALONE if job.alone else SHARED, time.time() + backoff)
         try:
-            if not self._write("start", start):
+            assert self._commits is not None  # only confirmed jobs are durable
+            if not self._commits.wait("start", start):
                 log.info("job %s (%s) was cancelled before it started: not run", job.request.id, job.task.name)
                 return False
         except Exception as exc:
@@ -435,8 +425,8 @@ class JobScheduler:
     def _settle(self, job: Job, outcome: Outcome, state: str, *, result: Any = None,
                 error: Optional[ErrorInfo] = None) -> None:
         """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
-        if job.durable:  # goes with the next group commit, or LINGER s from now (journal_writer.py)
-            self._writer.defer(("record", outcome, None))
+        if job.durable and self._commits is not None:  # with the next group commit, or LINGER s from now
+            self._commits.defer("record", outcome)
         self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 
     def _later(self, delay: float, job: Job) -> None:
@@ -452,76 +442,9 @@ class JobScheduler:
 
         :raises sqlite3.Error, JournalGone: the journal could not be written (the outcomes are kept to retry).
         """
-        if self.journal is not None:
-            self._write("flush", None)
+        if self._commits is not None:
+            self._commits.wait("flush", None)
 
-    def _write(self, op: str, item: Any) -> Any:
-        result = gevent.event.AsyncResult()
-        self._writer.put((op, item, result))
-        return result.get()
-
-    def _write_loop(self, writer: WriterThread) -> None:
-        """Group commits, in the writer thread (``journal_writer.py``): every greenlet-side effect is
-        posted to the hub. Outcomes whose write failed are kept and retried with backoff (never
-        dropped); waiting adds and starts get the error. After a failure, with nothing else to write,
-        the journal is probed until it can be written again; meanwhile :meth:`admit` refuses at once.
-        Returns after a ``stop`` item."""
-        assert self.journal is not None
-        carried: list[Outcome] = []
-        failures = 0
-        while True:
-            batch = writer.next_batch(not (carried or self._broken), MAX_BATCH)
-            waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start", "flush")]
-            adds = [item for op, item, _ in batch if op == "add"]
-            starts = [item for op, item, _ in batch if op == "start"]
-            records = carried + [item for op, item, _ in batch if op == "record"]
-            fresh: list[Optional[str]] = []
-            refused: set[str] = set()
-            try:
-                if waiting or records:
-                    fresh, refused = self.journal.write_all(adds, records, starts)
-                elif self._broken:
-                    self.journal.probe()
-            except Exception as exc:
-                failures += 1
-                carried = records
-                self._write_failed(exc, failures, len(records))
-                writer.post(self._answer_batch, waiting, [], set(), exc)
-                if self._finish_stop(writer, batch, carried):
-                    return
-                writer.sleep(_retry_delay(failures, 0.05))
-                continue
-            if self._broken:
-                log.warning("the journal can be written again after %d failure(s)", failures)
-            failures, carried, self._broken = 0, [], None
-            if waiting:
-                writer.post(self._answer_batch, waiting, fresh, refused, None)
-            if self._finish_stop(writer, batch, carried):
-                return
-
-    def _write_failed(self, exc: Exception, failures: int, outcomes: int) -> None:
-        """In the writer thread: mark the journal broken at once (so :meth:`admit` refuses), count in the hub."""
-        self._writer.post(self._count_journal_error)
-        self._broken = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, JournalGone) and self._gone is None:
-            self._gone = str(exc)
-        log.error("journal write failed (%d in a row; %d outcome(s) kept to retry): %s: %s",
-                  failures, outcomes, type(exc).__name__, exc)
-
-    def _count_journal_error(self) -> None:
-        self.runner.counters["journal_errors"] += 1
-
-    @staticmethod
-    def _finish_stop(writer: WriterThread, batch: list[tuple[str, Any, Any]], carried: list[Outcome]) -> bool:
-        """Answer a ``stop`` item in ``batch``; returns whether there was one (the writer then ends)."""
-        for op, _, result in batch:
-            if op == "stop":
-                if carried:
-                    log.error("stopping with %d outcome(s) not journaled: those jobs stay pending and will run "
-                              "again after a restart", len(carried))
-                writer.post(result.set, True)
-                return True
-        return False
 
     def _replay_loop(self) -> None:
         """Claim and replay, forever; a failure is logged at ERROR and retried with backoff."""
@@ -536,7 +459,7 @@ class JobScheduler:
             except Exception as exc:
                 failures += 1
                 self.runner.counters["journal_errors"] += 1
-                delay = _retry_delay(failures, self.replay_interval)
+                delay = retry_delay(failures, self.replay_interval)
                 log.error("journal replay failed (%d in a row), retrying in %.1f s: %s: %s%s",
                           failures, delay, type(exc).__name__, exc, _repair_hint(exc, self.journal))
                 gevent.sleep(delay)
@@ -596,7 +519,8 @@ class JobScheduler:
     def _bury(self, row: Row, error: str) -> None:
         self.runner.counters["jobs_dead"] += 1
         log.error("journaled job %s moved to the dead-letter state: %s", row.id, error)
-        self._writer.put(("record", Outcome(row.id, "dead", row.attempts, 0.0, error), None))
+        assert self._commits is not None
+        self._commits.put("record", Outcome(row.id, "dead", row.attempts, 0.0, error))
 
 
 def _describe(error: ErrorInfo) -> str:
