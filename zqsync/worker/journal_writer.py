@@ -33,7 +33,8 @@ _start_thread = monkey.get_original("_thread", "start_new_thread")
 _SimpleQueue = monkey.get_original("queue", "SimpleQueue")
 _sleep = monkey.get_original("time", "sleep")
 
-#: Longest wait, seconds, of an item queued with :meth:`WriterThread.defer` before the thread is woken for it.
+#: Seconds an item queued with :meth:`WriterThread.defer` waits for other work before the thread is woken
+#: for it (at most about twice this: a timer looks every ``LINGER`` seconds).
 LINGER = 0.002
 #: Wakes the thread for deferred items; never part of a batch.
 _FLUSH = object()
@@ -76,17 +77,15 @@ class WriterThread:
 
     def defer(self, item: Any) -> None:
         """In the hub: queue ``item`` without waking the thread now. It goes with the next batch the thread
-        takes, at most about ``linger`` seconds later (a timer wakes the thread then, if nothing else has).
-        Never blocks."""
+        takes, or once it has waited ``linger`` seconds (a timer looks every ``linger`` seconds and wakes the
+        thread for it, if nothing else has). Never blocks."""
         self._deferred.append((time.monotonic(), item))
-        self._arm(self._linger)
+        self._arm()
 
-    def _arm(self, seconds: float) -> None:
+    def _arm(self) -> None:
         flush = self._flush
         if flush is not None and not flush.active:
-            flush.stop()  # a fired timer is restarted with a new delay
-            self._flush = flush.loop.timer(seconds)
-            self._flush.start(self._wake_for_deferred)
+            flush.start(self._wake_for_deferred)
 
     def _wake_for_deferred(self) -> None:
         """In the hub, when the timer fires: wake the thread if the oldest deferred item waited ``linger``."""
@@ -96,12 +95,12 @@ class WriterThread:
             return
         if age >= self._linger:
             self._inbox.put(_FLUSH)
-        else:
-            self._arm(self._linger - age)
+        else:  # a batch took the older ones: look again later
+            self._arm()
 
     def next_batch(self, block: bool, limit: int) -> list[Any]:
-        """In the thread: up to ``limit`` items, waiting for one to be queued if ``block``, with the deferred
-        ones first (an empty list when the thread was woken for deferred items another batch took)."""
+        """In the thread: up to ``limit`` queued items, waiting for one if ``block``, after up to ``limit``
+        deferred ones (an empty list when the thread was woken for deferred items another batch took)."""
         batch = [self._inbox.get()] if block else []
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
