@@ -32,7 +32,9 @@ def test_high_priority_jobs_start_within_a_fraction_of_the_low_flood_s_drain_tim
     seen = [float(line) for line in latencies.read_text().split()]
     print(f"high-priority start latency under a {FLOOD}-job flood: max {max(seen) * 1000:.1f} ms, "
           f"all {[round(value * 1000, 1) for value in seen]} ms")
-    assert still_flooded == LOW_SLOTS  # the flood was still draining when every urgent job had run
+    # The flood was still draining when every urgent job had run. A snapshot of the running count can fall
+    # between two of a slot's jobs (seen: 2 of 4 once in CI), so it asks for some, not all, slots busy.
+    assert 0 < still_flooded <= LOW_SLOTS
     assert max(seen) < slack(0.5), seen  # the issue asks 50 ms; the flood alone would take 5 s
 
 
