@@ -61,7 +61,7 @@ class WriterThread:
         loop = gevent.get_hub().loop
         self._wake = loop.async_()
         self._wake.start(self._run_posted)
-        self._flush = loop.timer(self._linger)
+        self._flush = loop.timer(self._linger, self._linger)  # repeating: see _arm
         _start_thread(self._run, ())
 
     def close(self) -> None:
@@ -83,20 +83,27 @@ class WriterThread:
         self._arm()
 
     def _arm(self) -> None:
+        """Start the timer unless it runs. It repeats every ``linger`` seconds until it finds nothing deferred.
+
+        A fired one-shot libev timer must not be restarted with ``start``: libev keeps what was left of its
+        delay (by then negative) and adds the loop time to it, so it fires again on the next loop iteration,
+        and again, for as long as it is restarted. ``again`` on a repeating timer sets the delay afresh.
+        """
         flush = self._flush
         if flush is not None and not flush.active:
-            flush.start(self._wake_for_deferred)
+            flush.again(self._wake_for_deferred)
 
     def _wake_for_deferred(self) -> None:
-        """In the hub, when the timer fires: wake the thread if the oldest deferred item waited ``linger``."""
+        """In the hub, every ``linger`` seconds while the timer runs: wake the thread if the oldest deferred
+        item waited ``linger``; stop the timer if the thread took them all."""
         try:
             age = time.monotonic() - self._deferred[0][0]
-        except IndexError:  # the thread took them all meanwhile
+        except IndexError:
+            if self._flush is not None:
+                self._flush.stop()
             return
         if age >= self._linger:
             self._inbox.put(_FLUSH)
-        else:  # a batch took the older ones: look again later
-            self._arm()
 
     def next_batch(self, block: bool, limit: int) -> list[Any]:
         """In the thread: up to ``limit`` queued items, waiting for one if ``block``, after up to ``limit``
