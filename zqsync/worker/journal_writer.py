@@ -99,11 +99,18 @@ class WriterThread:
         try:
             age = time.monotonic() - self._deferred[0][0]
         except IndexError:
-            if self._flush is not None:
-                self._flush.stop()
+            self._disarm()
             return
         if age >= self._linger:
             self._inbox.put(_FLUSH)
+
+    def _disarm(self) -> None:
+        """In the hub: stop the timer if nothing is deferred (batches took it all); the next defer restarts it.
+        Called after each batch's answers too, so a steady stream of batches carries the deferred items and the
+        timer never fires."""
+        flush = self._flush
+        if flush is not None and not self._deferred:
+            flush.stop()
 
     def next_batch(self, block: bool, limit: int) -> list[Any]:
         """In the thread: up to ``limit`` queued items, waiting for one if ``block``, after up to ``limit``
@@ -141,3 +148,4 @@ class WriterThread:
                 function(*args)
             except Exception:  # pragma: no cover - posted callables are the scheduler's own
                 log.exception("journal writer callback %r failed", function)
+        self._disarm()
