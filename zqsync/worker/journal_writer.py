@@ -53,6 +53,7 @@ class WriterThread:
         self._deferred: collections.deque[tuple[float, Any]] = collections.deque()  # (monotonic s, item)
         self._linger = linger
         self._flush: Optional[Any] = None
+        self._flushing = False  # a _FLUSH is queued that no batch has taken yet
         self._outbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._wake: Optional[Any] = None
 
@@ -101,7 +102,8 @@ class WriterThread:
         except IndexError:
             self._disarm()
             return
-        if age >= self._linger:
+        if age >= self._linger and not self._flushing:  # one wake-up until a batch takes the deferred items
+            self._flushing = True
             self._inbox.put(_FLUSH)
 
     def _disarm(self) -> None:
@@ -119,6 +121,7 @@ class WriterThread:
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
         deferred: list[Any] = []
+        self._flushing = False
         while len(deferred) < limit and self._deferred:
             deferred.append(self._deferred.popleft()[1])
         return [item for item in deferred + batch if item is not _FLUSH]
