@@ -26,7 +26,9 @@ Variants, interleaved in rounds in rotating order, each enqueueing the
   its journal. Concurrent callers share group commits.
 * ``zqsync call`` (sequential mode only): ``Client.call("echo", payload)``,
   one round trip to the same worker, the floor a confirmation is held to
-  (``zqsync confirmed / zqsync call``, target >= 0.7).
+  (``zqsync confirmed / zqsync call``, target >= 0.7). The worker's CPU (every
+  thread) per sequential confirmed job over its CPU per sequential call is a
+  row too (target <= 2).
 * ``RQ, ...``: ``Queue.enqueue(echo, payload)`` with :func:`echo` of this
   module. No RQ worker runs: only the enqueue is measured; the queue is
   emptied between batches, outside the timing.
@@ -109,6 +111,8 @@ FULL = Settings(rounds=9, burst=500, bursts=20, batch=3000, watchdog=600.0)
 MIN_CONFIRMED_RATIO = 5.0
 #: Target: zqsync confirmed over zqsync's own call (round trip) rate, sequential.
 MIN_CONFIRMED_OVER_CALL = 0.7
+#: Target: the worker's CPU per sequential confirmed job over its CPU per sequential call.
+MAX_CONFIRMED_CPU = 2.0
 #: The RQ variants: redis-server options for each.
 REDIS_CONFIGS = {
     "RQ, no persistence": ["--save", "", "--appendonly", "no"],
@@ -346,10 +350,11 @@ class CpuPerJob(NamedTuple):
     """Microseconds of CPU per ``zqsync confirmed`` job, per round: this process over the timed sends
     (every thread), and the worker over the sends and the settling that follows (every thread: the
     hub, the journal's writer thread and libzmq's I/O thread), so every job is paid in full: journal,
-    acknowledgement, run and outcome."""
+    acknowledgement, run and outcome; and the worker's per ``zqsync call`` (sequential mode), the same way."""
 
     client: list[float]
     worker: list[float]
+    call_worker: list[float]
 
 
 def measure(variants: dict[str, Variant], settings: Settings, callers: int, mode: str,
@@ -363,7 +368,7 @@ def measure(variants: dict[str, Variant], settings: Settings, callers: int, mode
         time_batch(variant.send, variant.jobs, callers)
         variant.settle(variant.jobs)
     throughput: dict[str, list[float]] = {name: [] for name in variants}
-    cpu = CpuPerJob([], [])
+    cpu = CpuPerJob([], [], [])
     with progress(settings.rounds * len(variants), mode) as bar:
         for name in interleaved(list(variants), settings.rounds, bar):
             variant = variants[name]
@@ -376,9 +381,12 @@ def measure(variants: dict[str, Variant], settings: Settings, callers: int, mode
                 variant.settle(variant.jobs)
             jobs = variant.jobs * variant.batches
             throughput[name].append(jobs / seconds)
+            worker = (cpu_seconds(worker_pid) - worker) / jobs * 1e6
             if name == "zqsync confirmed":
                 cpu.client.append(client / jobs * 1e6)
-                cpu.worker.append((cpu_seconds(worker_pid) - worker) / jobs * 1e6)
+                cpu.worker.append(worker)
+            elif name == "zqsync call":
+                cpu.call_worker.append(worker)
     return throughput, cpu
 
 
@@ -399,9 +407,18 @@ def measure_mode(settings: Settings, layout: str, callers: int) -> list[Row]:
 
 def cpu_rows(mode: str, cpu: CpuPerJob) -> list[Row]:
     """The CPU each confirmed job costs the client and the worker (medians of rounds): each side runs on
-    one CPU in the default layout, so 1e6 / (us per job) bounds its jobs/s, whatever the other side does."""
-    return [Row(mode, f"zqsync confirmed: {side} CPU per job, every thread", statistics.median(per_round), "us",
+    one CPU in the default layout, so 1e6 / (us per job) bounds its jobs/s, whatever the other side does.
+    Sequential mode adds the worker's CPU per call and the ratio of the two (target ``MAX_CONFIRMED_CPU``)."""
+    rows = [Row(mode, f"zqsync confirmed: {side} CPU per job, every thread", statistics.median(per_round), "us",
                 rounds=per_round) for side, per_round in (("client", cpu.client), ("worker", cpu.worker)) if per_round]
+    if cpu.call_worker and cpu.worker:
+        rows.append(Row(mode, "zqsync call: worker CPU per call, every thread", statistics.median(cpu.call_worker),
+                        "us", rounds=cpu.call_worker))
+        per_round = [a / b for a, b in zip(cpu.worker, cpu.call_worker)]
+        value = statistics.median(cpu.worker) / statistics.median(cpu.call_worker)
+        rows.append(checked(mode, "worker CPU per zqsync confirmed job / per zqsync call (medians)", value, "x",
+                            "<=", MAX_CONFIRMED_CPU, rounds=per_round))
+    return rows
 
 
 def journal_floor(jobs: int) -> Row:

@@ -71,8 +71,13 @@ def test_acknowledgements_past_the_backlog_bound_wait_for_a_free_place(tmp_path)
 
 
 def _confirm(scheduler, key: str, answers: list) -> None:
+    _confirm_with(scheduler, key, answers.append)
+
+
+def _confirm_with(scheduler, key: str, answer) -> None:
+    """Confirm a ``noop(key)`` job; ``answer`` gets its decoded reply, in the hub."""
     request = envelope.decode_request(envelope.encode_request("confirm", key, "noop", (key,)))
-    scheduler.runner.answer_confirm(request, registry.get("noop"), lambda reply: answers.append(msgpack.unpackb(reply)))
+    scheduler.runner.answer_confirm(request, registry.get("noop"), lambda reply: answer(msgpack.unpackb(reply)))
 
 
 @pytest.mark.timeout(60)
@@ -163,3 +168,30 @@ def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_p
         gate.set()
     assert RAN == []
     assert [_row(str(tmp_path), key) for key in ("x", "y")] == [("pending", 0, 0)] * 2
+
+
+@pytest.mark.timeout(60)
+def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_sequential_confirmed_jobs(tmp_path):
+    RAN.clear()
+    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), str(tmp_path), replay_interval=60.0)
+    writer = scheduler._commits._writer
+    fires: list[float] = []  # monotonic seconds of each real timer callback
+    wake = writer._wake_for_deferred
+    writer._wake_for_deferred = lambda: (fires.append(time.monotonic()), wake())
+    scheduler.start()
+    jobs = 200
+    try:
+        started = time.monotonic()
+        for index in range(jobs):  # one at a time, as a sequential client: each waits for its acknowledgement
+            acknowledged = gevent.event.AsyncResult()
+            _confirm_with(scheduler, f"seq-{index}", acknowledged.set)
+            assert acknowledged.get(timeout=slack(10))["result"]["duplicate"] is False
+        _wait(lambda: len(RAN) == jobs, "every job to run")
+        elapsed = time.monotonic() - started
+        fired = sum(started <= at <= started + elapsed for at in fires)
+    finally:
+        scheduler.stop()
+    linger = writer._linger
+    bound = elapsed / linger + 2
+    assert fired <= bound, (f"{fired} flush timer fires in {elapsed:.3f} s for {jobs} sequential confirmed jobs "
+                            f"({fired / jobs:.1f} per job): more than one per {linger * 1e3:g} ms linger ({bound:.0f})")

@@ -108,3 +108,37 @@ def test_a_deferred_item_with_nothing_else_to_go_with_is_taken_after_its_linger(
     finally:
         writer.put(None)
         writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_busy_elsewhere_is_woken_once_for_deferred_items_so_wake_ups_never_crowd_out_work():
+    resume = monkey.get_original("_thread", "allocate_lock")()
+    resume.acquire()
+    batches: list[list] = []
+    taken = gevent.event.Event()
+
+    def loop(writer: WriterThread) -> None:
+        batches.append(writer.next_batch(True, 5))
+        writer.post(taken.set)
+        resume.acquire()  # busy elsewhere, as while retrying a failed write
+        batches.append(writer.next_batch(False, 5))
+        writer.post(taken.set)
+
+    writer = WriterThread(loop, linger=0.005)
+    fires = []
+    wake = writer._wake_for_deferred
+    writer._wake_for_deferred = lambda: (fires.append(1), wake())
+    writer.start()
+    try:
+        writer.put("first")
+        assert taken.wait(timeout=10)
+        taken.clear()
+        writer.defer("outcome")
+        while len(fires) < 10:  # the outcome waits past its linger, many times over
+            gevent.sleep(0.005)
+        writer.put("insert")
+        resume.release()
+        assert taken.wait(timeout=10)
+        assert batches == [["first"], ["outcome", "insert"]], f"after {len(fires)} timer fires"
+    finally:
+        writer.close()

@@ -53,6 +53,7 @@ class WriterThread:
         self._deferred: collections.deque[tuple[float, Any]] = collections.deque()  # (monotonic s, item)
         self._linger = linger
         self._flush: Optional[Any] = None
+        self._flushing = False  # a _FLUSH is queued that no batch has taken yet
         self._outbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._wake: Optional[Any] = None
 
@@ -61,7 +62,7 @@ class WriterThread:
         loop = gevent.get_hub().loop
         self._wake = loop.async_()
         self._wake.start(self._run_posted)
-        self._flush = loop.timer(self._linger)
+        self._flush = loop.timer(self._linger, self._linger)  # repeating: see _arm
         _start_thread(self._run, ())
 
     def close(self) -> None:
@@ -83,20 +84,35 @@ class WriterThread:
         self._arm()
 
     def _arm(self) -> None:
+        """Start the timer unless it runs. It repeats every ``linger`` seconds until it finds nothing deferred.
+
+        A fired one-shot libev timer must not be restarted with ``start``: libev keeps what was left of its
+        delay (by then negative) and adds the loop time to it, so it fires again on the next loop iteration,
+        and again, for as long as it is restarted. ``again`` on a repeating timer sets the delay afresh.
+        """
         flush = self._flush
         if flush is not None and not flush.active:
-            flush.start(self._wake_for_deferred)
+            flush.again(self._wake_for_deferred)
 
     def _wake_for_deferred(self) -> None:
-        """In the hub, when the timer fires: wake the thread if the oldest deferred item waited ``linger``."""
+        """In the hub, every ``linger`` seconds while the timer runs: wake the thread if the oldest deferred
+        item waited ``linger``; stop the timer if the thread took them all."""
         try:
             age = time.monotonic() - self._deferred[0][0]
-        except IndexError:  # the thread took them all meanwhile
+        except IndexError:
+            self._disarm()
             return
-        if age >= self._linger:
+        if age >= self._linger and not self._flushing:  # one wake-up until a batch takes the deferred items
+            self._flushing = True
             self._inbox.put(_FLUSH)
-        else:  # a batch took the older ones: look again later
-            self._arm()
+
+    def _disarm(self) -> None:
+        """In the hub: stop the timer if nothing is deferred (batches took it all); the next defer restarts it.
+        Called after each batch's answers too, so a steady stream of batches carries the deferred items and the
+        timer never fires."""
+        flush = self._flush
+        if flush is not None and not self._deferred:
+            flush.stop()
 
     def next_batch(self, block: bool, limit: int) -> list[Any]:
         """In the thread: up to ``limit`` queued items, waiting for one if ``block``, after up to ``limit``
@@ -105,6 +121,7 @@ class WriterThread:
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
         deferred: list[Any] = []
+        self._flushing = False
         while len(deferred) < limit and self._deferred:
             deferred.append(self._deferred.popleft()[1])
         return [item for item in deferred + batch if item is not _FLUSH]
@@ -134,3 +151,4 @@ class WriterThread:
                 function(*args)
             except Exception:  # pragma: no cover - posted callables are the scheduler's own
                 log.exception("journal writer callback %r failed", function)
+        self._disarm()
