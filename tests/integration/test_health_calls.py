@@ -29,7 +29,10 @@ SLOTS = 2
 BACKLOG = 1000  # scheduler.JobScheduler's max_backlog
 ADMISSIONS = 64  # admission.ADMISSIONS: confirms in flight per process, here journaled past the backlog
 ROUTER_HOLD = 1000  # dispatch.HOLD_MAX: confirms the prefork router holds for an admit credit
-EXTRA = 50  # past every bound above
+EXTRA = 50  # past every bound above (prefork)
+HELD = 600  # standalone: confirms past the admissions (held, or shed from the first burst), sent RESENDS more
+# times: more than the hold's 1000 messages, but fewer ids
+RESENDS = 2
 ROUNDS = 5
 CONFIRM_RETRY = 1.0  # seconds, the client's default ZQSYNC_CONFIRM_RETRY
 
@@ -56,12 +59,13 @@ def _timed_call(sock: zmq.Socket, task: str) -> tuple[float, dict]:
     return float("inf"), {}
 
 
-def _flooded(worker, tmp_path, processes: int) -> None:
+def _flooded(worker, tmp_path, processes: int, extra: int) -> dict:
+    """Flood, time the health calls while full, open the gate; returns the last ``zqsync.stats`` while full."""
     gate, ran = tmp_path / "gate", tmp_path / "ran"
     children = max(1, processes)
     acknowledged_at_once = children * (SLOTS + BACKLOG)
     journaled_at_most = children * (SLOTS + BACKLOG + ADMISSIONS)
-    flood = journaled_at_most + (ROUTER_HOLD if processes else 0) + EXTRA
+    flood = journaled_at_most + (ROUTER_HOLD if processes else 0) + extra
     ids = [uuid.uuid4().hex for _ in range(flood)]
     bodies = {job_id: envelope.encode_request("confirm", job_id, "gated", (str(gate), str(ran), job_id))
               for job_id in ids}
@@ -75,6 +79,9 @@ def _flooded(worker, tmp_path, processes: int) -> None:
             sock.connect(split_endpoint(worker.endpoint)[1])
         _send_until(dealer, bodies, acks, lambda: len(acks) >= acknowledged_at_once,
                     f"{acknowledged_at_once} confirms (every slot and the backlog) acknowledged")
+        shed_before = _timed_call(probe, "zqsync.stats")[1].get("result", {}).get("confirms_shed")
+        for _ in range(RESENDS):  # as the clients of the unacknowledged ones do
+            _send_until(dealer, bodies, acks, lambda: False, "", rounds=1)
         latencies: dict[str, list[float]] = {"zqsync.ping": [], "zqsync.stats": []}
         for _ in range(ROUNDS):
             for task, seconds in latencies.items():
@@ -82,7 +89,8 @@ def _flooded(worker, tmp_path, processes: int) -> None:
                 seconds.append(took)
                 assert took < slack(1.0), f"{task}: no reply within {min(took, slack(5.0)):.3f} s (so far {latencies})"
         acks.update((reply["id"], reply) for reply in _replies(dealer, 0.0))
-        assert reply["result"]["state"] == "busy", reply
+        stats = {**reply["result"], "shed_before_resends": shed_before}
+        assert stats["state"] == "busy", stats
         assert len(acks) <= journaled_at_most, f"{len(acks) - journaled_at_most} confirm(s) acknowledged early"
         print(f"while full ({processes or 'no'} prefork children): {latencies}")
         for task, seconds in latencies.items():
@@ -96,13 +104,17 @@ def _flooded(worker, tmp_path, processes: int) -> None:
     assert all(reply.get("ok") is True for reply in acks.values()), [r for r in acks.values() if not r.get("ok")]
     wait_for(lambda: ran.exists() and len(ran.read_text().split()) >= flood, what=f"all {flood} jobs to run")
     assert sorted(ran.read_text().split()) == sorted(ids)
+    return stats
 
 
-def _send_until(dealer: zmq.Socket, bodies: dict[str, bytes], acks: dict[str, dict], done, what: str) -> None:
+def _send_until(dealer: zmq.Socket, bodies: dict[str, bytes], acks: dict[str, dict], done, what: str, *,
+                rounds: int = -1) -> None:
     """What a client does: send each unacknowledged confirm, again under its id every ``CONFIRM_RETRY``
-    seconds, until ``done()`` (the first answer to an id counts; a later one to a resend says duplicate)."""
+    seconds, until ``done()`` or ``rounds`` sends (the first answer to an id counts; a later one to a
+    resend says duplicate)."""
     deadline = time.monotonic() + slack(60.0)
-    while not done():
+    while not done() and rounds:
+        rounds -= 1
         assert time.monotonic() < deadline, f"timed out waiting for {what}: {len(acks)} of {len(bodies)} acknowledged"
         for job_id, body in bodies.items():
             if job_id not in acks:
@@ -115,10 +127,12 @@ def _send_until(dealer: zmq.Socket, bodies: dict[str, bytes], acks: dict[str, di
 
 def test_health_calls_answer_a_standalone_worker_whose_slots_and_confirm_backlog_are_full(zq_worker, tmp_path):
     worker = zq_worker(TASKS, concurrency=SLOTS, extra_args=["--state-dir", str(tmp_path / "state")])
-    _flooded(worker, tmp_path, 0)
+    stats = _flooded(worker, tmp_path, 0, HELD)
+    shed = stats["confirms_shed"] - stats["shed_before_resends"]
+    assert shed == 0, f"resends under held ids took room in the hold: {shed} more shed"
 
 
 def test_health_calls_answer_a_prefork_worker_whose_slots_and_confirm_backlog_are_full(zq_worker, tmp_path):
     worker = zq_worker(TASKS, concurrency=SLOTS,
                        extra_args=["--processes", "2", "--state-dir", str(tmp_path / "state")])
-    _flooded(worker, tmp_path, 2)
+    _flooded(worker, tmp_path, 2, EXTRA)
