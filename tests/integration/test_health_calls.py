@@ -28,11 +28,8 @@ TASKS = "tests.integration.health_tasks:registry"
 SLOTS = 2
 BACKLOG = 1000  # scheduler.JobScheduler's max_backlog
 ADMISSIONS = 64  # admission.ADMISSIONS: confirms in flight per process, here journaled past the backlog
-ROUTER_HOLD = 1000  # dispatch.HOLD_MAX: confirms the prefork router holds for an admit credit
-EXTRA = 50  # past every bound above (prefork)
-HELD = 600  # standalone: confirms past the admissions (held, or shed from the first burst), sent RESENDS more
-# times: more than the hold's 1000 messages, but fewer ids
-RESENDS = 2
+HOLD = 1000  # admission.HELD_CONFIRMS, dispatch.HOLD_MAX: confirms held unacknowledged past the admissions
+EXTRA = 50  # past every bound above
 ROUNDS = 5
 CONFIRM_RETRY = 1.0  # seconds, the client's default ZQSYNC_CONFIRM_RETRY
 
@@ -47,6 +44,63 @@ def _replies(sock: zmq.Socket, timeout: float) -> list[dict]:
     return found
 
 
+class Confirms:
+    """A raw DEALER sending confirmed ``gated`` jobs to ``endpoint``'s rpc socket, as a client would.
+
+    ``acks`` maps each answered job id to its first answer (a later one, to a resend, says duplicate).
+    """
+
+    def __init__(self, context: zmq.Context, endpoint: str, tmp_path) -> None:
+        self.gate, self.ran = tmp_path / "gate", tmp_path / "ran"
+        self.sock = _dealer(context, endpoint)
+        self.bodies: dict[str, bytes] = {}
+        self.acks: dict[str, dict] = {}
+
+    def add(self, count: int) -> None:
+        """``count`` new jobs, not sent yet."""
+        for _ in range(count):
+            job_id = uuid.uuid4().hex
+            self.bodies[job_id] = envelope.encode_request("confirm", job_id, "gated",
+                                                          (str(self.gate), str(self.ran), job_id))
+
+    def send_unanswered(self) -> None:
+        """Send every job not answered yet, once (again, for those sent before: same id)."""
+        for job_id, body in self.bodies.items():
+            if job_id not in self.acks:
+                self.sock.send(body)
+
+    def collect(self, timeout: float) -> None:
+        """Read the answers waiting, waiting up to ``timeout`` seconds for the first."""
+        for reply in _replies(self.sock, timeout):
+            self.acks.setdefault(reply["id"], reply)
+
+    def send_until(self, done, what: str) -> None:
+        """Send the unanswered jobs again every ``CONFIRM_RETRY`` seconds until ``done()``."""
+        deadline = time.monotonic() + slack(60.0)
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {len(self.acks)} answered"
+            self.send_unanswered()
+            resend_at = time.monotonic() + CONFIRM_RETRY
+            while not done() and time.monotonic() < resend_at:
+                self.collect(resend_at - time.monotonic())
+
+    def ran_once(self) -> None:
+        """Every job was answered ``ok``, and ran exactly once."""
+        assert all(reply.get("ok") is True for reply in self.acks.values()), \
+            [reply for reply in self.acks.values() if not reply.get("ok")]
+        wait_for(lambda: self.ran.exists() and len(self.ran.read_text().split()) >= len(self.bodies),
+                 what=f"all {len(self.bodies)} jobs to run")
+        assert sorted(self.ran.read_text().split()) == sorted(self.bodies)
+
+
+def _dealer(context: zmq.Context, endpoint: str) -> zmq.Socket:
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.connect(split_endpoint(endpoint)[1])
+    return sock
+
+
 def _timed_call(sock: zmq.Socket, task: str) -> tuple[float, dict]:
     """Seconds until ``sock`` gets the reply to a call of ``task`` (``inf`` if none within 5 s), and the reply."""
     request_id = uuid.uuid4().hex
@@ -59,80 +113,68 @@ def _timed_call(sock: zmq.Socket, task: str) -> tuple[float, dict]:
     return float("inf"), {}
 
 
-def _flooded(worker, tmp_path, processes: int, extra: int) -> dict:
-    """Flood, time the health calls while full, open the gate; returns the last ``zqsync.stats`` while full."""
-    gate, ran = tmp_path / "gate", tmp_path / "ran"
+@pytest.mark.parametrize("processes", [0, 2], ids=["standalone", "prefork"])
+def test_health_calls_answer_while_every_slot_is_busy_and_the_confirm_backlog_is_full(zq_worker, tmp_path,
+                                                                                       processes):
+    args = ["--state-dir", str(tmp_path / "state"), *(["--processes", str(processes)] if processes else [])]
+    worker = zq_worker(TASKS, concurrency=SLOTS, extra_args=args)
     children = max(1, processes)
     acknowledged_at_once = children * (SLOTS + BACKLOG)
     journaled_at_most = children * (SLOTS + BACKLOG + ADMISSIONS)
-    flood = journaled_at_most + (ROUTER_HOLD if processes else 0) + extra
-    ids = [uuid.uuid4().hex for _ in range(flood)]
-    bodies = {job_id: envelope.encode_request("confirm", job_id, "gated", (str(gate), str(ran), job_id))
-              for job_id in ids}
     context = zmq.Context()
-    dealer, probe = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
-    acks: dict[str, dict] = {}
+    confirms, probe = Confirms(context, worker.endpoint, tmp_path), _dealer(context, worker.endpoint)
     try:
-        for sock in (dealer, probe):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.connect(split_endpoint(worker.endpoint)[1])
-        _send_until(dealer, bodies, acks, lambda: len(acks) >= acknowledged_at_once,
-                    f"{acknowledged_at_once} confirms (every slot and the backlog) acknowledged")
-        shed_before = _timed_call(probe, "zqsync.stats")[1].get("result", {}).get("confirms_shed")
-        for _ in range(RESENDS):  # as the clients of the unacknowledged ones do
-            _send_until(dealer, bodies, acks, lambda: False, "", rounds=1)
+        confirms.add(journaled_at_most + (HOLD if processes else 0) + EXTRA)
+        confirms.send_until(lambda: len(confirms.acks) >= acknowledged_at_once,
+                            f"{acknowledged_at_once} confirms (every slot and the backlog) acknowledged")
         latencies: dict[str, list[float]] = {"zqsync.ping": [], "zqsync.stats": []}
         for _ in range(ROUNDS):
             for task, seconds in latencies.items():
                 took, reply = _timed_call(probe, task)
                 seconds.append(took)
                 assert took < slack(1.0), f"{task}: no reply within {min(took, slack(5.0)):.3f} s (so far {latencies})"
-        acks.update((reply["id"], reply) for reply in _replies(dealer, 0.0))
-        stats = {**reply["result"], "shed_before_resends": shed_before}
-        assert stats["state"] == "busy", stats
-        assert len(acks) <= journaled_at_most, f"{len(acks) - journaled_at_most} confirm(s) acknowledged early"
+        assert reply["result"]["state"] == "busy", reply["result"]
+        confirms.collect(0.0)
+        assert len(confirms.acks) <= journaled_at_most, \
+            f"{len(confirms.acks) - journaled_at_most} confirm(s) acknowledged before they were journaled"
         print(f"while full ({processes or 'no'} prefork children): {latencies}")
         for task, seconds in latencies.items():
             assert statistics.median(seconds) < slack(0.1), f"{task} took {seconds} s"
-        gate.touch()
-        _send_until(dealer, bodies, acks, lambda: len(acks) == flood, "every confirm acknowledged")
+        confirms.gate.touch()
+        confirms.send_until(lambda: len(confirms.acks) == len(confirms.bodies), "every confirm answered")
     finally:
-        dealer.close()
+        confirms.sock.close()
         probe.close()
         context.term()
-    assert all(reply.get("ok") is True for reply in acks.values()), [r for r in acks.values() if not r.get("ok")]
-    wait_for(lambda: ran.exists() and len(ran.read_text().split()) >= flood, what=f"all {flood} jobs to run")
-    assert sorted(ran.read_text().split()) == sorted(ids)
-    return stats
+    confirms.ran_once()
 
 
-def _send_until(dealer: zmq.Socket, bodies: dict[str, bytes], acks: dict[str, dict], done, what: str, *,
-                rounds: int = -1) -> None:
-    """What a client does: send each unacknowledged confirm, again under its id every ``CONFIRM_RETRY``
-    seconds, until ``done()`` or ``rounds`` sends (the first answer to an id counts; a later one to a
-    resend says duplicate)."""
-    deadline = time.monotonic() + slack(60.0)
-    while not done() and rounds:
-        rounds -= 1
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {len(acks)} of {len(bodies)} acknowledged"
-        for job_id, body in bodies.items():
-            if job_id not in acks:
-                dealer.send(body)
-        resend_at = time.monotonic() + CONFIRM_RETRY
-        while not done() and time.monotonic() < resend_at:
-            for reply in _replies(dealer, max(0.0, resend_at - time.monotonic())):
-                acks.setdefault(reply["id"], reply)
-
-
-def test_health_calls_answer_a_standalone_worker_whose_slots_and_confirm_backlog_are_full(zq_worker, tmp_path):
-    worker = zq_worker(TASKS, concurrency=SLOTS, extra_args=["--state-dir", str(tmp_path / "state")])
-    stats = _flooded(worker, tmp_path, 0, HELD)
-    shed = stats["confirms_shed"] - stats["shed_before_resends"]
-    assert shed == 0, f"resends under held ids took room in the hold: {shed} more shed"
-
-
-def test_health_calls_answer_a_prefork_worker_whose_slots_and_confirm_backlog_are_full(zq_worker, tmp_path):
-    worker = zq_worker(TASKS, concurrency=SLOTS,
-                       extra_args=["--processes", "2", "--state-dir", str(tmp_path / "state")])
-    _flooded(worker, tmp_path, 2, EXTRA)
+@pytest.mark.parametrize("processes", [0, 1], ids=["standalone", "prefork"])
+def test_a_resent_confirm_takes_one_place_in_the_hold(zq_worker, tmp_path, processes):
+    """Confirms held past a full backlog and sent twice more under their ids, then more new ones: fewer
+    jobs than the hold's places, though more messages. Once the slots free up, every one is answered
+    without another resend: none was shed."""
+    args = ["--state-dir", str(tmp_path / "state"), *(["--processes", str(processes)] if processes else [])]
+    worker = zq_worker(TASKS, concurrency=SLOTS, extra_args=args)
+    context = zmq.Context()
+    confirms = Confirms(context, worker.endpoint, tmp_path)
+    try:
+        confirms.add(SLOTS + BACKLOG + ADMISSIONS)
+        confirms.send_until(lambda: len(confirms.acks) >= SLOTS + BACKLOG, "every slot and the backlog taken")
+        confirms.add(HOLD // 2)
+        for _ in range(3):
+            confirms.send_unanswered()
+        confirms.add(HOLD // 2 - ADMISSIONS - EXTRA)
+        confirms.send_unanswered()  # without the resends taking places, these fit in the hold
+        confirms.collect(0.1)
+        assert len(confirms.acks) <= SLOTS + BACKLOG + ADMISSIONS, "confirms acknowledged before their journaling"
+        confirms.gate.touch()
+        deadline = time.monotonic() + slack(30.0)
+        while len(confirms.acks) < len(confirms.bodies) and time.monotonic() < deadline:
+            confirms.collect(0.5)
+        missing = len(confirms.bodies) - len(confirms.acks)
+        assert not missing, f"{missing} of {len(confirms.bodies)} confirms unanswered without a resend: they were shed"
+    finally:
+        confirms.sock.close()
+        context.term()
+    confirms.ran_once()
