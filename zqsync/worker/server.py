@@ -760,7 +760,9 @@ class Worker:
         process that is gone. Each ends as ``jobs_succeeded``, ``jobs_failed``
         (``jobs_dead`` if it had retries), ``unknown_task`` or
         ``jobs_discarded_on_stop``; ``jobs_retried`` counts failed attempts
-        run again. ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
+        run again. ``confirms_shed`` counts confirmed jobs left unacknowledged because the hold of those
+        waiting for an admission place was full (``admission.py``; their clients send them again).
+        ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
         (+ those in flight); ``timed_out`` counts both kinds.
         """
         by_pid: collections.Counter[str] = collections.Counter()
