@@ -13,7 +13,7 @@ from tests.helpers import wait_for
 from tests.integration.test_metrics import free_port, scrape
 
 STOP_AND_JOURNAL = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop",
-                    "confirmed_refused", "journal_errors")
+                    "confirmed_refused", "journal_errors", "confirms_shed")
 
 
 def test_every_worker_counter_of_stats_is_scraped_with_its_value(zq_worker, tmp_path):

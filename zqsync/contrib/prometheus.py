@@ -46,7 +46,7 @@ WORKER_COUNTERS = ("jobs_received", "plain_received", "jobs_replayed", "jobs_suc
                    "jobs_retried", "jobs_dead", "confirmed_received", "confirmed_accepted", "confirmed_duplicates",
                    "confirmed_refused", "journal_errors", "calls_received", "calls_succeeded", "calls_failed",
                    "timed_out", "unknown_task", "malformed", "calls_expired", "jobs_expired",
-                   "jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop")
+                   "jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "confirms_shed")
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 

@@ -19,11 +19,16 @@ congestion control sees it. Confirmed jobs need no task slot, only to be
 journaled, so they travel on ``admit`` credits, which a child offers while
 it can admit one; the broker reads each rpc message's ``kind`` to choose.
 An rpc message that has no credit of its kind yet is held, in arrival order,
-up to :data:`HOLD_MAX` of them; past that the public rpc socket is not read
-(as a standalone worker stops receiving past ``WAITING_CALLS``). The worker's
-own calls (``zqsync.*``: ping, stats, job status) need no credit: each goes at
-once to an open child, in turn, which answers it outside its task pool, so
-they answer while every child is busy.
+up to :data:`HOLD_MAX` of each kind. Past that many calls the public rpc
+socket is not read (as a standalone worker stops receiving past
+``WAITING_CALLS``). Confirmed jobs never stop it: they are held one per job
+id (a client's resend under the same id only updates where the answer goes),
+and past :data:`HOLD_MAX` of them a new one is dropped unacknowledged, so its
+client sends it again (``admission.py`` does the same in a child). The
+worker's own calls (``zqsync.*``: ping, stats, job status) need no credit:
+each goes at once to an open child, in turn, which answers it outside its
+task pool, so they answer while every child is busy and while the confirms
+wait.
 
 One native thread runs the loop and owns every socket; the supervisor's main
 thread asks it to act through :meth:`Dispatcher.call`. The supervisor still
@@ -33,6 +38,7 @@ never imports gevent.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import queue
 import threading
@@ -43,12 +49,15 @@ from typing import Any, Callable, Optional
 import msgpack
 import zmq
 
+from ..logs import RateLimitedLog
+
 log = logging.getLogger(__name__)
 
 #: Seconds without a job after which the public jobs queue counts as drained.
 DRAIN_QUIET = 0.2
 SLOT, ADMIT, ADMIN = b"slot", b"admit", b"admin"
-#: rpc messages the router holds while no child has a credit of their kind; past that it stops reading.
+#: rpc messages of one kind the router holds while no child has a credit of that kind; past that many
+#: calls it stops reading, past that many confirmed jobs it drops new ones unacknowledged.
 HOLD_MAX = 1000
 #: Task names of the worker's own calls (``registry.RESERVED_PREFIX``).
 ADMIN_PREFIX = "zqsync."
@@ -90,7 +99,12 @@ class Dispatcher:
         self.routes: dict[bytes, _Route] = {}
         self.ready: dict[bytes, collections.deque[bytes]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
         self.unacked: dict[bytes, float] = {}  # child -> when it was sent work it has not acknowledged yet
-        self.held: dict[bytes, collections.deque[list[bytes]]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
+        # Held messages by kind, oldest first: calls under a sequence number, confirmed jobs under their id.
+        self.held: dict[bytes, collections.OrderedDict[Any, list[bytes]]] = {
+            SLOT: collections.OrderedDict(), ADMIT: collections.OrderedDict()}
+        self._sequence = itertools.count()
+        self.shed = 0  # confirmed jobs dropped unacknowledged past HOLD_MAX
+        self._shed_log = RateLimitedLog(log)
         self._turns = 0  # round-robin counter for the messages sent without a credit
         self.stopping = False  # set by refuse_calls: the children refuse rpc work, no credit needed
         self.lost = 0
@@ -198,7 +212,7 @@ class Dispatcher:
             poller.register(sock, zmq.POLLIN)
         if self._usable(SLOT) is not None:
             poller.register(self.jobs_front, zmq.POLLIN)
-        if self._holding() < HOLD_MAX:
+        if len(self.held[SLOT]) < HOLD_MAX:
             poller.register(self.rpc_front, zmq.POLLIN)
         events = dict(poller.poll(100))
         if self._wake in events:
@@ -215,29 +229,40 @@ class Dispatcher:
             pass
 
     def _route_call(self) -> bool:
-        """Read the public rpc queue (up to :data:`HOLD_MAX` held), send the worker's own calls on at once,
-        and route held messages to children with credits; ``False`` if nothing moved."""
+        """Read the public rpc queue (while fewer than :data:`HOLD_MAX` calls are held), send the worker's
+        own calls on at once, and route held messages to children with credits; ``False`` if nothing moved."""
         moved = False
-        while self._holding() < HOLD_MAX:
+        while len(self.held[SLOT]) < HOLD_MAX:
             try:
                 frames = self.rpc_front.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            kind = credit_kind(frames[-1])
+            kind, job_id = credit_of(frames[-1])
             if kind == ADMIN or self.stopping:
                 self._route_any(frames)
             else:
-                self.held[kind].append(frames)
+                self._hold(kind, job_id, frames)
             moved = True
         for kind, held in self.held.items():
             while held and (self.stopping or self._usable(kind) is not None):
-                frames = held.popleft()
+                frames = held.popitem(last=False)[1]
                 self._route_any(frames) if self.stopping else self._route(frames, "rpc", kind)
                 moved = True
         return moved
 
-    def _holding(self) -> int:
-        return sum(len(held) for held in self.held.values())
+    def _hold(self, kind: bytes, job_id: Optional[str], frames: list[bytes]) -> None:
+        """Hold an rpc message until a child has a ``kind`` credit: a call in line, a confirmed job under its
+        id (a resend replaces the frames it holds), or, past :data:`HOLD_MAX` of them, not at all."""
+        held = self.held[kind]
+        key: Any = job_id
+        if kind == SLOT or key is None:  # a confirm without a valid id: its child answers it with an error
+            key = next(self._sequence)
+        if kind == SLOT or key in held or len(held) < HOLD_MAX:
+            held[key] = frames
+        else:
+            self.shed += 1
+            self._shed_log.warning("shed", "dropped a confirmed job unacknowledged: %d are held waiting for a "
+                                   "child to admit them; its client sends it again (%d so far)", len(held), self.shed)
 
     def _route_any(self, frames: list[bytes]) -> None:
         """Send an rpc message to the next open child that can take it, credit or not: one of the worker's
@@ -316,14 +341,15 @@ class Dispatcher:
                 future.set_exception(exc)
 
 
-def credit_kind(body: bytes) -> bytes:
-    """The credit an rpc message needs: :func:`kind_of` its request (``SLOT`` for a malformed body: its
-    child answers it with an error)."""
+def credit_of(body: bytes) -> tuple[bytes, Optional[str]]:
+    """The credit an rpc message needs, :func:`kind_of` its request (``SLOT`` for a malformed body: its
+    child answers it with an error), and the request's ``id`` (``None`` unless it is a str)."""
     try:
         request = msgpack.unpackb(body, raw=False, max_bin_len=len(body), max_str_len=len(body))
-        return kind_of(request.get("kind"), request.get("task"))
+        request_id = request.get("id")
+        return kind_of(request.get("kind"), request.get("task")), request_id if isinstance(request_id, str) else None
     except Exception:  # msgpack raises several unrelated types on bad input, and a body may not be a map
-        return SLOT
+        return SLOT, None
 
 
 def kind_of(kind: Any, task: Any) -> bytes:

@@ -20,6 +20,8 @@ The worker's own ``zqsync.*`` calls (ping, stats) never wait for a task
 slot: they run in a greenlet of their own as soon as they are read. Calls
 that wait for a slot wait in greenlets too (at most :data:`WAITING_CALLS`),
 so the rpc socket keeps being read, and a ping answers while the pool is full.
+Confirmed jobs past :data:`~zqsync.worker.admission.ADMISSIONS` in flight are held unacknowledged
+(``admission.py``), so a full confirm backlog does not stop the reading either.
 
 Shutdown (gunicorn's arbiter model): signal handlers only record the signal;
 the main greenlet acts on it. They are Python-level handlers, not gevent's:
@@ -82,9 +84,11 @@ import zmq.utils.monitor
 
 from .. import _common
 from ..errors import ConfigurationError, ProtocolError, WorkerShutdown, WorkerStopping
+from ..logs import RateLimitedLog
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
 from . import fleet
+from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
 from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
 from .dispatch import ADMIN, ADMIT, CREDITS_MAX, SLOT, kind_of
@@ -100,9 +104,6 @@ log = logging.getLogger(__name__)
 
 #: Distinct client identities remembered for ``zqsync.stats``.
 MAX_IDENTITIES = 10_000
-#: Confirmed jobs received and not yet answered at once (they share group commits); past it the
-#: rpc socket is not read until one is answered.
-ADMISSIONS = 64
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
 #: Seconds without a message after which a stopping worker's jobs queue counts as drained.
@@ -119,43 +120,6 @@ WAITING_CALLS = 1000
 ADMIN_CALLS = 64
 #: Seconds between two looks of the main greenlet for a recorded stop signal.
 SIGNAL_POLL = 0.05
-
-
-class Admissions:
-    """Confirmed jobs received and not yet answered, at most ``size``: a count, with no greenlet per job.
-
-    Quacks like the part of a ``gevent.pool.Pool`` that :meth:`Worker._offer_work` and a stop use
-    (``free_count``, ``wait_available``, ``join``).
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._free = gevent.lock.BoundedSemaphore(size)
-        self._idle = gevent.event.Event()
-        self._idle.set()
-
-    def acquire(self) -> None:
-        """Take a place; blocks the calling greenlet while all ``size`` are taken."""
-        self._free.acquire()
-        self._idle.clear()
-
-    def release(self) -> None:
-        """Give a place back (the job was answered)."""
-        self._free.release()
-        if self._free.counter == self.size:
-            self._idle.set()
-
-    def free_count(self) -> int:
-        """Places free now."""
-        return int(self._free.counter)
-
-    def wait_available(self) -> None:
-        """Block the calling greenlet until a place is free."""
-        self._free.wait()
-
-    def join(self, timeout: Optional[float] = None) -> None:
-        """Block the calling greenlet until every job taken in is answered, or ``timeout`` seconds."""
-        self._idle.wait(timeout)
 
 
 def _after_fork(worker: "weakref.ReferenceType[Worker]") -> None:
@@ -226,6 +190,10 @@ class Worker:
         self._stopping = False
         self._replied_at = 0.0
         self._admissions = Admissions(ADMISSIONS)
+        self._held = HeldConfirms(HELD_CONFIRMS)
+        self._shed_log = RateLimitedLog(log)
+        self._admitter: Optional[gevent.Greenlet] = None  # admits the held confirms (_admit_held)
+        self.runner.counters["confirms_shed"] = 0
         self.scheduler = build_scheduler(
             self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
             busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
@@ -361,6 +329,8 @@ class Worker:
         self.scheduler.start()
         self._readers = (Reader(self.jobs), Reader(self.rpc))
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
+        self._admitter = gevent.spawn(self._admit_held)
+        self._greenlets.append(self._admitter)
         self._queue_receivers = [gevent.spawn(queue.receive, self.scheduler.run_plain) for queue in self.queues]
         self._receivers += self._queue_receivers
         for queue in self.queues:
@@ -454,7 +424,8 @@ class Worker:
         # to be journaled, so it is admitted without a task slot and without a
         # greenlet: handed to the journal's writer thread, and acknowledged from the
         # hub right after its group commit (scheduler.py), up to ADMISSIONS at once
-        # and a backlog bound; the journal, not the task pool, buffers it.
+        # and a backlog bound; the journal, not the task pool, buffers it. Past
+        # ADMISSIONS it is held unacknowledged (admission.py): receiving goes on.
         # The worker's own zqsync.* calls take no slot either: a long-poll
         # (zqsync.result) or a cancel must not wait behind the tasks it is about.
         current, reader = gevent.getcurrent(), self._readers[1]
@@ -489,8 +460,7 @@ class Worker:
         elif self._stopping:
             self._refuse(envelope, decoded[0])
         elif decoded[0].kind == "confirm":
-            self._admissions.acquire()
-            self.runner.answer_confirm(decoded[0], decoded[1], partial(self._acknowledge, envelope))
+            self._admit(envelope, *decoded)
         elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
             self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
         elif self._slots.free_count() and not len(self._waiting):
@@ -500,6 +470,36 @@ class Worker:
             self._waiting.spawn(self._start_call, envelope, *decoded)
             return None
         return kind if self.backend and kind != ADMIN else None
+
+    def _admit(self, envelope: list[bytes], request: Any, task: Any) -> None:
+        """Journal a confirmed job now if an admission place is free and none is held before it; else hold
+        it, unacknowledged, for :meth:`_admit_held` (``admission.py``), so the rpc socket keeps being read.
+        Past the hold's bound it is left unacknowledged: its client sends it again."""
+        if not self._held and self._admissions.free_count():
+            self._journal(envelope, request, task)
+        elif not self._held.hold(request.id, (envelope, request, task)):
+            self.runner.counters["confirms_shed"] += 1
+            self._shed_log.warning("shed", "left a confirmed job unacknowledged: %d are held waiting for the "
+                                   "journal and the backlog; its client sends it again", len(self._held))
+
+    def _admit_held(self) -> None:
+        """Journal the held confirmed jobs, oldest first, as admission places free up (a greenlet)."""
+        while True:
+            self._held.wait()
+            self._admissions.wait_available()
+            self._journal(*self._held.pop())
+
+    def _journal(self, envelope: list[bytes], request: Any, task: Any) -> None:
+        """Take an admission place (one is free) and hand a confirmed job to the journal; answered later."""
+        self._admissions.acquire()
+        self.runner.answer_confirm(request, task, partial(self._acknowledge, envelope))
+
+    def _ignore_held(self) -> None:
+        """On stop: the held confirmed jobs stay unacknowledged (never journaled here); their clients send
+        them again, to a peer or to this worker's next start."""
+        if self._admitter is not None:
+            self._admitter.kill()
+        self.runner.counters["confirms_ignored_on_stop"] += self._held.clear()
 
     def _start_call(self, envelope: list[bytes], request: Any, task: Any) -> None:
         """Wait for a task slot and run the call in it; a stop that kills the wait refuses the call."""
@@ -569,6 +569,7 @@ class Worker:
         cold if another stop signal arrives meanwhile. Blocks the calling greenlet.
         """
         self._stopping = True
+        self._ignore_held()
         self.scheduler.book.close()
         gevent.killall([*self._receivers[:1], *self._queue_receivers, *self._offering])
         self.scheduler.discard_plain_pending()
@@ -759,7 +760,9 @@ class Worker:
         process that is gone. Each ends as ``jobs_succeeded``, ``jobs_failed``
         (``jobs_dead`` if it had retries), ``unknown_task`` or
         ``jobs_discarded_on_stop``; ``jobs_retried`` counts failed attempts
-        run again. ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
+        run again. ``confirms_shed`` counts confirmed jobs left unacknowledged because the hold of those
+        waiting for an admission place was full (``admission.py``; their clients send them again).
+        ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
         (+ those in flight); ``timed_out`` counts both kinds.
         """
         by_pid: collections.Counter[str] = collections.Counter()
