@@ -30,8 +30,8 @@ def logged_discards(output: str) -> int:
 
 
 def logged_kills(output: str) -> int:
-    """Tasks the worker's log says it killed when the grace period ended (they may have done their work)."""
-    return logged(r"killing (\d+) task\(s\) still running", output)
+    """Tasks the worker's log says it killed when the grace period ended (never finished)."""
+    return logged(r"kill(?:ed|ing) (\d+)(?: of \d+)? task\(s\) still running", output)
 
 
 def settled(target, expected: int, timeout: float = 15.0) -> list[str]:
@@ -51,7 +51,7 @@ def settled(target, expected: int, timeout: float = 15.0) -> list[str]:
 
 def test_term_runs_or_counts_every_queued_plain_job(zq_worker, tmp_path):
     """300 jobs of 20 ms queued at a worker with one slot and a 1 s grace: some run, the rest are
-    counted and logged; none vanish."""
+    counted and logged as discarded or killed, exactly; none vanish."""
     worker = zq_worker(concurrency=1, extra_args=["--graceful-timeout", "1"])
     target = tmp_path / "ran.txt"
     with zqsync.Client(worker.endpoint) as client:
@@ -67,7 +67,7 @@ def test_term_runs_or_counts_every_queued_plain_job(zq_worker, tmp_path):
     print(f"accepted 300, executed {len(ran)}, discarded (logged) {discarded}, killed (logged) {killed}")
     assert len(set(ran)) == len(ran)
     assert 0 < len(ran) < 300
-    assert len(ran) + discarded <= 300 <= len(ran) + discarded + killed
+    assert len(ran) + discarded + killed == 300
 
 
 def test_a_pending_plain_retry_dropped_on_stop_is_logged(zq_worker, tmp_path):

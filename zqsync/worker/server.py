@@ -436,15 +436,26 @@ class Worker:
         """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
         inline in this greenlet unless another took the slot meanwhile."""
         current, reader = gevent.getcurrent(), self._readers[0]
-        while self._receivers[0] is current:
+        while self._receivers[0] is current and not self._stopping:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
             frame = self._peers.frame(reader.recv_multipart()) if self._peers else reader.recv()
-            if not self._slots.free_count():
-                self._slots.spawn(self.scheduler.run_plain, frame)
+            if self._stopping:  # read while a stop's kill was on its way: the stop runs or counts it
+                self._backlog.append(frame)
+                return
+            if not self._slots.free_count():  # a call took the slot meanwhile
+                self._wait_for_slot(frame)
             elif not self._inline(0, self.scheduler.run_plain, frame):
                 return
             self._took(SLOT)
+
+    def _wait_for_slot(self, frame: bytes) -> None:
+        """Run a job once a slot is free; a stop that kills the wait keeps the job in the backlog."""
+        try:
+            self._slots.spawn(self.scheduler.run_plain, frame)
+        except gevent.GreenletExit:
+            self._backlog.append(frame)
+            raise
 
     def _receive_calls(self) -> None:
         # A call needs a task slot: with one free (and no call waiting), it runs
@@ -474,6 +485,8 @@ class Worker:
         def hand_off() -> None:
             if index:
                 self._calls.add(current)  # an in-flight call: the rpc socket closes after it answers
+            elif self._stopping:  # the stop left this task to finish: it takes no more jobs
+                return
             self._receivers[index] = gevent.spawn(self._receive_calls if index else self._receive_jobs)
             self._took(SLOT if self.backend else None)
 
@@ -570,7 +583,7 @@ class Worker:
         """
         self._stopping = True
         self.scheduler.book.close()
-        gevent.killall([*self._receivers[:1], *self._queue_receivers, *self._offering])
+        self._stop_receiving()
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()
         self._stop_taking_jobs()
@@ -584,10 +597,7 @@ class Worker:
             log.warning("stop: killed %d task(s) that blocked the worker past the grace period", self.watchdog.killed)
             self.runner.counters["tasks_killed_on_stop"] += self.watchdog.killed
         if self._running():
-            log.warning("cold shutdown: killing %d task(s) still running", self._running())
-            self.runner.counters["tasks_killed_on_stop"] += self._running()
-            for pool in self._pools():
-                pool.kill(timeout=1.0)
+            self._kill_running()
         rpc.join(timeout=5.0 + REPLY_DRAIN)
         if not self.rpc.closed:
             rpc.kill()
@@ -609,6 +619,14 @@ class Worker:
         if self._context is not None:
             self._context.term()
         log.info("zqsync worker pid %d stopped", os.getpid())
+
+    def _stop_receiving(self) -> None:
+        """Kill the job receivers and the credit offers (``_stopping`` is set). A jobs receiver that runs a
+        task inline (it yielded, and has not handed off yet) is a task in flight: it is left to finish, and
+        receives no more. A receiver that reads a job while the kill is on its way keeps it in the backlog
+        (:meth:`_receive_jobs`)."""
+        jobs = [receiver for receiver in self._receivers[:1] if receiver not in self._slots]
+        gevent.killall([*jobs, *self._queue_receivers, *self._offering])
 
     def _stop_taking_jobs(self) -> None:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
@@ -649,6 +667,16 @@ class Worker:
             self._backlog.clear()
             self.runner.counters["jobs_discarded_on_stop"] += count
             log.warning("discarded %d queued plain jobs on shutdown (%s)", count, reason)
+
+    def _kill_running(self) -> None:
+        """Kill the tasks still running, and count (``tasks_killed_on_stop``) and log those the kill ended:
+        a task that finished before the kill reached it (a timer that fired first) ran, and is not counted."""
+        running = [greenlet for pool in self._pools() for greenlet in list(pool)]
+        for pool in self._pools():
+            pool.kill(timeout=1.0)
+        killed = sum(1 for greenlet in running if isinstance(greenlet.value, gevent.GreenletExit))
+        log.warning("cold shutdown: killed %d of %d task(s) still running", killed, len(running))
+        self.runner.counters["tasks_killed_on_stop"] += killed
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
