@@ -33,15 +33,20 @@ waits on a task. TERM/INT is warm, in this order:
    those clients flush and close that socket and send to their other
    workers (``stopping.py``, ``client/notices.py``). Once no job has come
    for ``DRAIN_QUIET`` seconds the endpoint is unbound.
-   Under a supervisor, the child reads its backend queue until it is quiet
-   (the supervisor routes nothing more to it meanwhile) and disconnects.
+   Under a supervisor, the child reads its backend queue up to the router's
+   end-of-jobs mark (sent after the last job routed to it), disconnects, and
+   writes how many jobs it read for the supervisor's count (``dispatch.py``).
 2. Drain: the jobs already in the socket's queue stay readable after the
    unbind (measured: all of a full 1000-message queue, even seconds later,
    whatever the linger) and are read into memory.
 3. Run them, and finish in-flight tasks, within ``graceful_timeout``; jobs
    still not started then are counted (``jobs_discarded_on_stop``) and
    logged: ``discarded N queued plain jobs on shutdown``. So are pending
-   in-memory retries of plain jobs (the scheduler logs their ids).
+   in-memory retries of plain jobs (the scheduler logs their ids). Tasks
+   still running then are killed, and counted (``killed N of M task(s)``:
+   those that finished before the kill reached them ran, and are not).
+   A receiver that reads a job while the stop is under way keeps it in the
+   backlog; one that runs a task inline is left to finish it.
 4. Calls: in-flight calls are answered; calls that arrive meanwhile are
    refused at once with a ``WorkerStopping`` error (not run, safe to retry
    elsewhere), and confirmed jobs are not acknowledged (their clients send
@@ -87,13 +92,13 @@ from ..wire.envelope import encode_error
 from . import fleet
 from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
-from .dispatch import ADMIN, ADMIT, CREDITS_MAX, SLOT, kind_of
+from .dispatch import ADMIN, ADMIT, CREDITS_MAX, END_OF_JOBS, SLOT, kind_of
 from .inline import Reader, run_inline
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
-from .stopping import Peers, drain
+from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
 from .watchdog import KILLED_EXIT, Watchdog, original_signal
 
 log = logging.getLogger(__name__)
@@ -105,10 +110,6 @@ MAX_IDENTITIES = 10_000
 ADMISSIONS = 64
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
-#: Seconds without a message after which a stopping worker's jobs queue counts as drained.
-DRAIN_QUIET = 0.2
-#: Most seconds a supervised child spends reading its backend queue before it disconnects.
-DRAIN_LIMIT = 5.0
 #: Counters of what a stop refused or discarded (``zqsync.stats``).
 STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "tasks_killed_on_stop")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
@@ -247,6 +248,8 @@ class Worker:
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
         self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
         self._offering: list[gevent.Greenlet] = []
+        self._jobs_read = 0  # under a supervisor: jobs read from the backend (its credit messages say)
+        self._jobs_ended = False  # under a supervisor: END_OF_JOBS was read, the router sends no more
 
     # -- sockets -----------------------------------------------------------
 
@@ -424,7 +427,7 @@ class Worker:
             outstanding = max(0, outstanding - self._started[kind])
             self._started[kind] = 0
             room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
-            credits.send_multipart([name, kind, b"%d" % room])
+            credits.send_multipart([name, kind, b"%d" % room, b"%d" % self._jobs_read])
             outstanding += room
             if outstanding:
                 taken.wait()
@@ -439,7 +442,14 @@ class Worker:
         while self._receivers[0] is current and not self._stopping:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            frame = self._peers.frame(reader.recv_multipart()) if self._peers else reader.recv()
+            if self._peers:
+                frame = self._peers.frame(reader.recv_multipart())
+            else:
+                frame = reader.recv()
+                if frame == END_OF_JOBS:  # the router sends no more (dispatch.py)
+                    self._jobs_ended = True
+                    continue
+                self._jobs_read += 1
             if self._stopping:  # read while a stop's kill was on its way: the stop runs or counts it
                 self._backlog.append(frame)
                 return
@@ -632,9 +642,7 @@ class Worker:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more here
-            self.jobs.disconnect(self.backend[0])
-            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)
+            self._drain_backend()
             where = "the supervisor"
         else:
             assert self._peers is not None
@@ -644,9 +652,9 @@ class Worker:
             if queue.peers is not None:
                 self._quiesce(queue.peers, queue.endpoint)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
-        if self.backend and self.ready_file:
-            with open(f"{self.ready_file}.drained", "w"):
-                pass
+        if self.backend and self.ready_file:  # the supervisor counts what it sent and this did not read
+            with open(f"{self.ready_file}.drained", "w") as drained:
+                drained.write(str(self._jobs_read))
 
     def _quiesce(self, peers: Peers, endpoint: str) -> None:
         """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
@@ -659,7 +667,25 @@ class Worker:
     def _drain_jobs(self, receive: Callable[[int], bytes], sock: zmq.Socket, *, limit: float) -> None:
         """Read a jobs socket (with ``receive(flags)``) into the backlog until it stays empty for
         ``DRAIN_QUIET`` seconds (or ``limit`` seconds have passed)."""
-        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit)
+        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit, pause=gevent.sleep)
+
+    def _drain_backend(self) -> None:
+        """Under a supervisor: read the backend into the backlog up to the router's :data:`END_OF_JOBS`
+        (at most ``DRAIN_LIMIT`` seconds), then disconnect."""
+        assert self.backend is not None
+        drain(self.jobs.recv, self.jobs, self._keep_job, quiet=DRAIN_LIMIT, limit=DRAIN_LIMIT, pause=gevent.sleep,
+              done=lambda: self._jobs_ended)
+        if not self._jobs_ended:
+            log.warning("stopping: no end of jobs from the supervisor within %.0f s; it counts the jobs "
+                        "it sent here that were not read as lost", DRAIN_LIMIT)
+        self.jobs.disconnect(self.backend[0])
+
+    def _keep_job(self, frame: bytes) -> None:
+        if frame == END_OF_JOBS:
+            self._jobs_ended = True
+        else:
+            self._jobs_read += 1
+            self._backlog.append(frame)
 
     def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
@@ -742,7 +768,8 @@ class Worker:
         - ``identities_by_pid`` (summed), ``identities`` and ``clients`` (concatenated);
         - ``pid``, ``uptime``, ``state`` and ``tasks``: those of the child that answered;
         - ``supervisor``: ``{"pid", "started" (epoch seconds), "uptime" (seconds),
-          "processes" (configured), "restarts"}``;
+          "processes" (configured), "restarts", "jobs_lost_in_children"}`` (plain jobs
+          routed to children that exited without reading them: ``supervisor.py``);
         - ``children``: one entry per child, sorted by pid: ``{"pid", "state",
           "uptime", "in_flight", "counters": {its counters}, "durations"}``;
           ``state`` is ``up``, ``busy`` (every slot taken), ``stopping`` or
