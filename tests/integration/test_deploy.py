@@ -4,6 +4,7 @@ behind public sockets that stay bound, and no plain job is lost or run twice."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -93,5 +94,6 @@ def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, t
     lost = stream.accepted - len(seen) - discarded - killed
     print(f"accepted {stream.accepted}, executed {sum(seen.values())}, discarded (logged) {discarded}, "
           f"killed (logged) {killed}, lost {lost}")
+    assert re.search(r"stopping: told [1-9]\d* job client\(s\)", output), "the supervisor sent no stopping notice"
     assert max(seen.values()) == 1
     assert lost == 0
