@@ -3,7 +3,7 @@
 The load-balancing broker pattern. Every child has private ``ipc://``
 backends of its own, bound here: a PUSH for its jobs and a DEALER for its
 calls (and their replies). A child offers work by sending *credits*
-(its jobs endpoint, ``slot`` and a count) to the shared credits socket: up to
+(its jobs endpoint, ``slot``, a count, and how many jobs it has read so far) to the shared credits socket: up to
 :data:`CREDITS_MAX` outstanding, never more than its free task slots, so the
 router need not wait for a round trip per message. Each time work it got has
 started, the child sends one such message (with zero or more new credits),
@@ -30,6 +30,13 @@ each goes at once to an open child, in turn, which answers it outside its
 task pool, so they answer while every child is busy and while the confirms
 wait.
 
+The router counts the jobs it sends each child. When a child exits, those it never read are lost
+with it: counted in :attr:`Dispatcher.jobs_lost`, and logged by the supervisor. A child that stops
+reads its backend until :data:`END_OF_JOBS`, which the router sends after the last job it routes
+there, and reports what it read; a SIGKILLed child's count is from its last credit message.
+On a stop the router sends the stopping notice to the public jobs socket's clients (``stopping.py``)
+and routes what they still send, as a standalone worker reads it.
+
 One native thread runs the loop and owns every socket; the supervisor's main
 thread asks it to act through :meth:`Dispatcher.call`. The supervisor still
 never imports gevent.
@@ -50,12 +57,15 @@ import msgpack
 import zmq
 
 from ..logs import RateLimitedLog
+from .stopping import DRAIN_QUIET, Peers
 
 log = logging.getLogger(__name__)
 
-#: Seconds without a job after which the public jobs queue counts as drained.
-DRAIN_QUIET = 0.2
 SLOT, ADMIT, ADMIN = b"slot", b"admit", b"admin"
+#: The last message on a child's jobs backend: the router sends it no more jobs.
+END_OF_JOBS = b""
+#: What the router sends instead of a malformed job (not one frame, or empty): the child counts it as malformed.
+MALFORMED = b"\xc1"
 #: rpc messages of one kind the router holds while no child has a credit of that kind; past that many
 #: calls it stops reading, past that many confirmed jobs it drops new ones unacknowledged.
 HOLD_MAX = 1000
@@ -69,10 +79,11 @@ SUSPECT_AFTER = 0.05
 
 
 class _Route:
-    __slots__ = ("jobs", "rpc", "open")
+    __slots__ = ("jobs", "rpc", "open", "sent", "read")
 
     def __init__(self, jobs: zmq.Socket, rpc: zmq.Socket) -> None:
         self.jobs, self.rpc, self.open = jobs, rpc, True
+        self.sent = self.read = 0  # jobs sent to the child; jobs it said it read (its credit messages)
 
 
 class _Closed:
@@ -107,7 +118,10 @@ class Dispatcher:
         self._shed_log = RateLimitedLog(log)
         self._turns = 0  # round-robin counter for the messages sent without a credit
         self.stopping = False  # set by refuse_calls: the children refuse rpc work, no credit needed
+        self.jobs_ended = False  # set by end_jobs: the public jobs socket is not read any more
+        self.peers = Peers(jobs_front, jobs_front.getsockopt_string(zmq.LAST_ENDPOINT))
         self.lost = 0
+        self.jobs_lost = 0  # plain jobs lost with children that exited (remove_child) or not sendable
         self.last_job = time.monotonic()
         self._commands: queue.Queue = queue.Queue()
         self._wake = context.socket(zmq.PAIR)
@@ -153,25 +167,51 @@ class Dispatcher:
         return endpoints
 
     def close_child(self, jobs_endpoint: str) -> None:
-        """Route no more work to this child (it is retiring); its replies still flow."""
+        """Route no more work to this child (it is retiring), and send it :data:`END_OF_JOBS`; its replies
+        still flow."""
         route = self.routes.get(jobs_endpoint.encode())
         if route is not None:
             route.open = False
+            _end_jobs(route)
         self._forget_credits()
 
-    def remove_child(self, jobs_endpoint: str) -> None:
-        """Forget an exited child and close its backends."""
+    def remove_child(self, jobs_endpoint: str, read: Optional[int]) -> int:
+        """Forget an exited child and close its backends; returns how many plain jobs were lost with it.
+
+        Those are the jobs sent to it and not read by it: ``read`` if the child reported it before exiting
+        (``None``: it was killed), else what its last credit message said. For a child killed while it
+        ran jobs, this counts at most ``CREDITS_MAX`` of them that started just before the kill too (the
+        credit message saying so died with it). Added to :attr:`jobs_lost`."""
+        self._read_credits()
         route = self.routes.pop(jobs_endpoint.encode(), None)
         self.unacked.pop(jobs_endpoint.encode(), None)
-        if route is not None:
-            route.jobs.close()
-            route.rpc.close()
         self._forget_credits()
+        if route is None:
+            return 0
+        route.jobs.close()
+        route.rpc.close()
+        lost = max(0, route.sent - (route.read if read is None else read))
+        self.jobs_lost += lost
+        return lost
+
+    def notify_stopping(self) -> int:
+        """Send the stopping notice to every client that sent on the public jobs socket (``stopping.py``);
+        returns how many. Clients that send later are told when they do."""
+        return self.peers.notify_all()
 
     def stop_jobs(self, endpoint: str) -> None:
         """Unbind the public jobs endpoint; the jobs already queued in it are still routed."""
         self.jobs_front.unbind(endpoint)
         self.last_job = time.monotonic()
+
+    def end_jobs(self) -> int:
+        """Read the public jobs socket no more: drop what is left in its queue (returns how many), and send
+        every child :data:`END_OF_JOBS`, after the last job routed to it."""
+        count = self.discard_jobs()
+        self.jobs_ended = True
+        for route in self.routes.values():
+            _end_jobs(route)
+        return count
 
     def refuse_calls(self) -> None:
         """The children have been told to stop: from now on every rpc message goes on at once, credit or
@@ -210,23 +250,31 @@ class Dispatcher:
         poller = zmq.Poller()
         for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
             poller.register(sock, zmq.POLLIN)
-        if self._usable(SLOT) is not None:
+        if not self.jobs_ended and self._usable(SLOT) is not None:
             poller.register(self.jobs_front, zmq.POLLIN)
         if len(self.held[SLOT]) < HOLD_MAX:
             poller.register(self.rpc_front, zmq.POLLIN)
         events = dict(poller.poll(100))
         if self._wake in events:
             self._run_commands()
-        while self.credits.poll(0):
-            name, kind, count = self.credits.recv_multipart()
-            self.unacked.pop(name, None)
-            if self.routes.get(name, _CLOSED).open:
-                self.ready[kind].extend([name] * int(count))
+        self._read_credits()
         for route in list(self.routes.values()):
             if route.rpc in events:
                 self.rpc_front.send_multipart(route.rpc.recv_multipart())
         while self._route_call() | self._route_job():  # both, each round
             pass
+
+    def _read_credits(self) -> None:
+        """Take the children's credit messages: ``[child, kind, new credits, jobs read so far]``."""
+        while self.credits.poll(0):
+            name, kind, count, read = self.credits.recv_multipart()
+            self.unacked.pop(name, None)
+            route = self.routes.get(name)
+            if route is None:
+                continue
+            route.read = max(route.read, int(read))
+            if route.open:
+                self.ready[kind].extend([name] * int(count))
 
     def _route_call(self) -> bool:
         """Read the public rpc queue (while fewer than :data:`HOLD_MAX` calls are held), send the worker's
@@ -279,14 +327,14 @@ class Dispatcher:
 
     def _route_job(self) -> bool:
         """Route the next job of the public queue if some child has a slot credit; ``False`` if none moved."""
-        if self._usable(SLOT) is None:
+        if self.jobs_ended or self._usable(SLOT) is None:
             return False
         try:
-            frame = self.jobs_front.recv_multipart(zmq.NOBLOCK)[-1]  # [client identity, job]
+            frames = self.jobs_front.recv_multipart(zmq.NOBLOCK)  # [client identity, job]
         except zmq.Again:
             return False
         self.last_job = time.monotonic()
-        self._route([frame], "jobs", SLOT)
+        self._route([self.peers.frame(frames) or MALFORMED], "jobs", SLOT)
         return True
 
     def _forget_credits(self) -> None:
@@ -307,6 +355,9 @@ class Dispatcher:
             getattr(route, socket).send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             self._drop(socket, "the child that asked for it is gone")
+            return
+        if socket == "jobs":
+            route.sent += 1
 
     def _usable(self, kind: bytes) -> Optional[int]:
         """Index in ``ready[kind]`` of the credit to use next, or ``None`` if none may be used now.
@@ -325,6 +376,8 @@ class Dispatcher:
 
     def _drop(self, kind: str, why: str) -> None:
         self.lost += 1
+        if kind == "jobs":
+            self.jobs_lost += 1
         log.warning("dropped a %s message: %s (%d dropped so far)", "job" if kind == "jobs" else "call", why, self.lost)
 
     def _run_commands(self) -> None:
@@ -339,6 +392,13 @@ class Dispatcher:
                 future.set_result(fn(*args))
             except BaseException as exc:
                 future.set_exception(exc)
+
+
+def _end_jobs(route: _Route) -> None:
+    try:
+        route.jobs.send(END_OF_JOBS, zmq.NOBLOCK)
+    except zmq.Again:  # the child is gone: nothing more reaches it anyway
+        pass
 
 
 def credit_of(body: bytes) -> tuple[bytes, Optional[str]]:

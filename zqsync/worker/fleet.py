@@ -9,7 +9,7 @@ socket at once, waits up to ``GATHER_TIMEOUT`` seconds, and merges the
 answers with :func:`merge`; a sibling that does not answer in time (its hub
 blocked by a task that never yields, or stopped) is listed as
 ``unreachable``. The supervisor writes ``DIR/supervisor.json`` (its pid,
-start time, configured processes and restarts) and removes the admin socket
+start time, configured processes, restarts and plain jobs lost with children) and removes the admin socket
 file of every child it reaps, so a gatherer does not wait on a dead child.
 """
 

@@ -35,15 +35,20 @@ waits on a task. TERM/INT is warm, in this order:
    those clients flush and close that socket and send to their other
    workers (``stopping.py``, ``client/notices.py``). Once no job has come
    for ``DRAIN_QUIET`` seconds the endpoint is unbound.
-   Under a supervisor, the child reads its backend queue until it is quiet
-   (the supervisor routes nothing more to it meanwhile) and disconnects.
+   Under a supervisor, the child reads its backend queue up to the router's
+   end-of-jobs mark (sent after the last job routed to it), disconnects, and
+   writes how many jobs it read for the supervisor's count (``dispatch.py``).
 2. Drain: the jobs already in the socket's queue stay readable after the
    unbind (measured: all of a full 1000-message queue, even seconds later,
    whatever the linger) and are read into memory.
 3. Run them, and finish in-flight tasks, within ``graceful_timeout``; jobs
    still not started then are counted (``jobs_discarded_on_stop``) and
    logged: ``discarded N queued plain jobs on shutdown``. So are pending
-   in-memory retries of plain jobs (the scheduler logs their ids).
+   in-memory retries of plain jobs (the scheduler logs their ids). Tasks
+   still running then are killed, and counted (``killed N of M task(s)``:
+   those that finished before the kill reached them ran, and are not).
+   A receiver that reads a job while the stop is under way keeps it in the
+   backlog; one that runs a task inline is left to finish it.
 4. Calls: in-flight calls are answered; calls that arrive meanwhile are
    refused at once with a ``WorkerStopping`` error (not run, safe to retry
    elsewhere), and confirmed jobs are not acknowledged (their clients send
@@ -91,13 +96,13 @@ from . import fleet
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
 from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
-from .dispatch import ADMIN, ADMIT, CREDITS_MAX, SLOT, kind_of
+from .dispatch import ADMIN, ADMIT, CREDITS_MAX, END_OF_JOBS, SLOT, kind_of
 from .inline import Reader, run_inline
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
-from .stopping import Peers, drain
+from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
 from .watchdog import KILLED_EXIT, Watchdog, original_signal
 
 log = logging.getLogger(__name__)
@@ -106,10 +111,6 @@ log = logging.getLogger(__name__)
 MAX_IDENTITIES = 10_000
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
-#: Seconds without a message after which a stopping worker's jobs queue counts as drained.
-DRAIN_QUIET = 0.2
-#: Most seconds a supervised child spends reading its backend queue before it disconnects.
-DRAIN_LIMIT = 5.0
 #: Counters of what a stop refused or discarded (``zqsync.stats``).
 STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "tasks_killed_on_stop")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
@@ -215,6 +216,8 @@ class Worker:
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
         self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
         self._offering: list[gevent.Greenlet] = []
+        self._jobs_read = 0  # under a supervisor: jobs read from the backend (its credit messages say)
+        self._jobs_ended = False  # under a supervisor: END_OF_JOBS was read, the router sends no more
 
     # -- sockets -----------------------------------------------------------
 
@@ -394,7 +397,7 @@ class Worker:
             outstanding = max(0, outstanding - self._started[kind])
             self._started[kind] = 0
             room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
-            credits.send_multipart([name, kind, b"%d" % room])
+            credits.send_multipart([name, kind, b"%d" % room, b"%d" % self._jobs_read])
             outstanding += room
             if outstanding:
                 taken.wait()
@@ -406,15 +409,33 @@ class Worker:
         """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
         inline in this greenlet unless another took the slot meanwhile."""
         current, reader = gevent.getcurrent(), self._readers[0]
-        while self._receivers[0] is current:
+        while self._receivers[0] is current and not self._stopping:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            frame = self._peers.frame(reader.recv_multipart()) if self._peers else reader.recv()
-            if not self._slots.free_count():
-                self._slots.spawn(self.scheduler.run_plain, frame)
+            if self._peers:
+                frame = self._peers.frame(reader.recv_multipart())
+            else:
+                frame = reader.recv()
+                if frame == END_OF_JOBS:  # the router sends no more (dispatch.py)
+                    self._jobs_ended = True
+                    continue
+                self._jobs_read += 1
+            if self._stopping:  # read while a stop's kill was on its way: the stop runs or counts it
+                self._backlog.append(frame)
+                return
+            if not self._slots.free_count():  # a call took the slot meanwhile
+                self._wait_for_slot(frame)
             elif not self._inline(0, self.scheduler.run_plain, frame):
                 return
             self._took(SLOT)
+
+    def _wait_for_slot(self, frame: bytes) -> None:
+        """Run a job once a slot is free; a stop that kills the wait keeps the job in the backlog."""
+        try:
+            self._slots.spawn(self.scheduler.run_plain, frame)
+        except gevent.GreenletExit:
+            self._backlog.append(frame)
+            raise
 
     def _receive_calls(self) -> None:
         # A call needs a task slot: with one free (and no call waiting), it runs
@@ -445,6 +466,8 @@ class Worker:
         def hand_off() -> None:
             if index:
                 self._calls.add(current)  # an in-flight call: the rpc socket closes after it answers
+            elif self._stopping:  # the stop left this task to finish: it takes no more jobs
+                return
             self._receivers[index] = gevent.spawn(self._receive_calls if index else self._receive_jobs)
             self._took(SLOT if self.backend else None)
 
@@ -571,7 +594,7 @@ class Worker:
         self._stopping = True
         self._ignore_held()
         self.scheduler.book.close()
-        gevent.killall([*self._receivers[:1], *self._queue_receivers, *self._offering])
+        self._stop_receiving()
         self.scheduler.discard_plain_pending()
         self.scheduler.pause()
         self._stop_taking_jobs()
@@ -585,10 +608,7 @@ class Worker:
             log.warning("stop: killed %d task(s) that blocked the worker past the grace period", self.watchdog.killed)
             self.runner.counters["tasks_killed_on_stop"] += self.watchdog.killed
         if self._running():
-            log.warning("cold shutdown: killing %d task(s) still running", self._running())
-            self.runner.counters["tasks_killed_on_stop"] += self._running()
-            for pool in self._pools():
-                pool.kill(timeout=1.0)
+            self._kill_running()
         rpc.join(timeout=5.0 + REPLY_DRAIN)
         if not self.rpc.closed:
             rpc.kill()
@@ -611,13 +631,19 @@ class Worker:
             self._context.term()
         log.info("zqsync worker pid %d stopped", os.getpid())
 
+    def _stop_receiving(self) -> None:
+        """Kill the job receivers and the credit offers (``_stopping`` is set). A jobs receiver that runs a
+        task inline (it yielded, and has not handed off yet) is a task in flight: it is left to finish, and
+        receives no more. A receiver that reads a job while the kill is on its way keeps it in the backlog
+        (:meth:`_receive_jobs`)."""
+        jobs = [receiver for receiver in self._receivers[:1] if receiver not in self._slots]
+        gevent.killall([*jobs, *self._queue_receivers, *self._offering])
+
     def _stop_taking_jobs(self) -> None:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
         job already in its queue."""
         if self.backend:
-            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)  # the supervisor routes no more here
-            self.jobs.disconnect(self.backend[0])
-            self._drain_jobs(self.jobs.recv, self.jobs, limit=DRAIN_LIMIT)
+            self._drain_backend()
             where = "the supervisor"
         else:
             assert self._peers is not None
@@ -627,9 +653,9 @@ class Worker:
             if queue.peers is not None:
                 self._quiesce(queue.peers, queue.endpoint)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
-        if self.backend and self.ready_file:
-            with open(f"{self.ready_file}.drained", "w"):
-                pass
+        if self.backend and self.ready_file:  # the supervisor counts what it sent and this did not read
+            with open(f"{self.ready_file}.drained", "w") as drained:
+                drained.write(str(self._jobs_read))
 
     def _quiesce(self, peers: Peers, endpoint: str) -> None:
         """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
@@ -642,7 +668,25 @@ class Worker:
     def _drain_jobs(self, receive: Callable[[int], bytes], sock: zmq.Socket, *, limit: float) -> None:
         """Read a jobs socket (with ``receive(flags)``) into the backlog until it stays empty for
         ``DRAIN_QUIET`` seconds (or ``limit`` seconds have passed)."""
-        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit)
+        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit, pause=gevent.sleep)
+
+    def _drain_backend(self) -> None:
+        """Under a supervisor: read the backend into the backlog up to the router's :data:`END_OF_JOBS`
+        (at most ``DRAIN_LIMIT`` seconds), then disconnect."""
+        assert self.backend is not None
+        drain(self.jobs.recv, self.jobs, self._keep_job, quiet=DRAIN_LIMIT, limit=DRAIN_LIMIT, pause=gevent.sleep,
+              done=lambda: self._jobs_ended)
+        if not self._jobs_ended:
+            log.warning("stopping: no end of jobs from the supervisor within %.0f s; it counts the jobs "
+                        "it sent here that were not read as lost", DRAIN_LIMIT)
+        self.jobs.disconnect(self.backend[0])
+
+    def _keep_job(self, frame: bytes) -> None:
+        if frame == END_OF_JOBS:
+            self._jobs_ended = True
+        else:
+            self._jobs_read += 1
+            self._backlog.append(frame)
 
     def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
@@ -650,6 +694,16 @@ class Worker:
             self._backlog.clear()
             self.runner.counters["jobs_discarded_on_stop"] += count
             log.warning("discarded %d queued plain jobs on shutdown (%s)", count, reason)
+
+    def _kill_running(self) -> None:
+        """Kill the tasks still running, and count (``tasks_killed_on_stop``) and log those the kill ended:
+        a task that finished before the kill reached it (a timer that fired first) ran, and is not counted."""
+        running = [greenlet for pool in self._pools() for greenlet in list(pool)]
+        for pool in self._pools():
+            pool.kill(timeout=1.0)
+        killed = sum(1 for greenlet in running if isinstance(greenlet.value, gevent.GreenletExit))
+        log.warning("cold shutdown: killed %d of %d task(s) still running", killed, len(running))
+        self.runner.counters["tasks_killed_on_stop"] += killed
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
@@ -715,7 +769,8 @@ class Worker:
         - ``identities_by_pid`` (summed), ``identities`` and ``clients`` (concatenated);
         - ``pid``, ``uptime``, ``state`` and ``tasks``: those of the child that answered;
         - ``supervisor``: ``{"pid", "started" (epoch seconds), "uptime" (seconds),
-          "processes" (configured), "restarts"}``;
+          "processes" (configured), "restarts", "jobs_lost_in_children"}`` (plain jobs
+          routed to children that exited without reading them: ``supervisor.py``);
         - ``children``: one entry per child, sorted by pid: ``{"pid", "state",
           "uptime", "in_flight", "counters": {its counters}, "durations"}``;
           ``state`` is ``up``, ``busy`` (every slot taken), ``stopping`` or

@@ -10,6 +10,9 @@ linger) and routes around the worker (``zqsync/client/notices.py``). A
 connection that never sent has nothing in flight. The worker unbinds once no
 job has arrived for ``quiet`` seconds (every notified client has gone or
 fallen silent), or at ``limit``.
+
+A prefork supervisor does the same on its public jobs socket, from its router thread (``dispatch.py``):
+this module imports no gevent.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import gevent
 import msgpack
 import zmq
 
@@ -25,6 +27,10 @@ import zmq
 STOPPING = "stopping"
 #: Jobs read in a row while draining before the hub gets a turn.
 BATCH = 1000
+#: Seconds without a job after which a stopping worker's jobs queue counts as drained.
+DRAIN_QUIET = 0.2
+#: Most seconds a stopping worker reads what its clients still send before it unbinds (then again after).
+DRAIN_LIMIT = 5.0
 #: Identities remembered per socket (the oldest are forgotten past it; a forgotten one is told when it sends).
 MAX_PEERS = 10_000
 
@@ -76,14 +82,18 @@ class Peers:
 
 
 def drain(receive: Callable[[int], bytes], sock: zmq.Socket, keep: Callable[[bytes], None], *,
-          quiet: float, limit: float) -> None:
-    """Read jobs with ``receive(flags)`` into ``keep`` until none arrives for ``quiet`` seconds, or ``limit``
-    seconds have passed. Blocks (cooperatively with ``zmq.green`` sockets)."""
+          quiet: float, limit: float, pause: Callable[[], None], done: Callable[[], bool] = lambda: False) -> None:
+    """Read jobs with ``receive(flags)`` into ``keep`` until ``done()``, or none arrives for ``quiet`` seconds,
+    or ``limit`` seconds have passed. Calls ``pause()`` after every :data:`BATCH` jobs (a flood must not
+    block a gevent hub: pass ``gevent.sleep``). Blocks (cooperatively with ``zmq.green`` sockets)."""
     deadline = time.monotonic() + limit
-    while time.monotonic() < deadline and sock.poll(int(quiet * 1000)):
+    while not done():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not sock.poll(int(min(quiet, remaining) * 1000)):
+            return
         for _ in range(BATCH):
             try:
                 keep(receive(zmq.NOBLOCK))
             except zmq.Again:
                 break
-        gevent.sleep(0)  # a flood must not block the hub (the watchdog, the calls being answered)
+        pause()

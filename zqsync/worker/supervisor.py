@@ -12,11 +12,13 @@ forked, monkey-patches, imports the task module, and serves; so every child
 builds its own sockets and client pools.
 
 * Signal handlers only record signals; the main loop acts on them.
-* TERM/INT: warm shutdown. The public jobs endpoint is unbound (clients
-  that list other workers send there); the children take the jobs already
-  queued in the public socket; then
+* TERM/INT: warm shutdown. The router tells the clients of the public jobs
+  socket that it stops, as a standalone worker does (``stopping.py``), and
+  routes what they still send until they fall quiet; then it unbinds the
+  public jobs endpoint (clients that list other workers send there), routes
+  the jobs still queued in it, and sends each child its end-of-jobs mark; then
   the children stop as standalone workers do (``server.py``): each reads
-  its backend queue to the end, runs it and finishes in-flight tasks within
+  its backend queue up to that mark, runs it and finishes in-flight tasks within
   ``graceful_timeout``, or counts and logs what it discards. A second TERM/INT, or QUIT: cold; the
   children are told to kill their tasks. A child kills a task that blocks its hub itself
   (``server.py``, ``watchdog.py``); stragglers are SIGKILLed ``graceful_timeout`` + 5 s after the
@@ -24,10 +26,16 @@ builds its own sockets and client pools.
   stop (it killed tasks) or had to be SIGKILLed.
 * HUP: a rolling restart behind public sockets that stay bound. For each old
   child in turn: start its replacement and wait until it is ready; route
-  nothing more to the old child; warm-stop it: it reads its backend queue
-  (at most the one message its last credit asked for) until it is quiet,
-  disconnects and writes ``<ready file>.drained``. So every job routed to the
+  nothing more to the old child, and send it its end-of-jobs mark; warm-stop
+  it: it reads its backend queue up to the mark, disconnects and writes
+  ``<ready file>.drained`` (how many jobs it read). So every job routed to the
   old child reaches it (and runs, or is counted as discarded in its log).
+* Whenever a child exits, the jobs routed to it that it did not read are
+  counted and logged (``exited holding N plain job(s)``; ``zqsync.stats``:
+  ``supervisor.jobs_lost_in_children``). For a SIGKILLed child that is what
+  it had not said it read: the jobs in the router's pipe, the kernel's
+  buffers and its own receive queue, plus at most ``CREDITS_MAX`` that it
+  started in the instant before the kill.
   Nothing is paused: the siblings keep taking work, and the old child
   answers its in-flight calls.
 * A child that dies after it booted is restarted, with exponential backoff
@@ -58,6 +66,7 @@ from .auth import curve_state, start_thread_authenticator
 from .binding import bind_pair
 from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
+from .stopping import DRAIN_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +199,13 @@ class Supervisor:
                 os._exit(status)
         child = self.children[pid] = _Child(slot, pid, ready_file, backend)
         log.info("started worker child %d (pid %d)", slot, pid)
-        write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started,
-                                          "processes": self.processes, "restarts": self.restarts})
+        self._write_supervisor_file()
         return child
+
+    def _write_supervisor_file(self) -> None:
+        lost = self._dispatch.jobs_lost if self._dispatch is not None else 0
+        write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started, "processes": self.processes,
+                                          "restarts": self.restarts, "jobs_lost_in_children": lost})
 
     def _reap(self) -> Optional[int]:
         """Collect exited children; restart or halt. Returns an exit status to halt with, or ``None``."""
@@ -224,9 +237,15 @@ class Supervisor:
             self._schedule_restart(child, code)
 
     def _forget(self, child: _Child) -> None:
-        """Close an exited child's backends."""
-        if self._dispatch is not None:
-            self._dispatch.call(self._dispatch.remove_child, child.backend[0])
+        """Close an exited child's backends; count and log the plain jobs routed to it that it never
+        read (or, killed, never said it started): they are lost with it (``dispatch.py``)."""
+        if self._dispatch is None or not self._dispatch.alive:
+            return
+        lost = self._dispatch.call(self._dispatch.remove_child, child.backend[0], _jobs_read(child))
+        if lost:
+            log.warning("worker child %d (pid %d) exited holding %d plain job(s) it had not started: lost "
+                        "(%d lost with children so far)", child.slot, child.pid, lost, self._dispatch.jobs_lost)
+        self._write_supervisor_file()
 
     def _schedule_restart(self, child: _Child, code: int) -> None:
         if time.monotonic() - child.started >= STABLE_AFTER:
@@ -364,22 +383,31 @@ class Supervisor:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _stop_taking_jobs(self, cold: bool) -> None:
-        """Unbind the public jobs endpoint (clients listing other workers send there), then let the
-        children take the jobs already queued in it (warm), or count them as discarded (cold, or
-        not taken within ``graceful_timeout``)."""
+        """Tell the clients of the public jobs socket that this worker stops, and route what they still
+        send until they fall quiet (at most ``DRAIN_LIMIT`` seconds: they send to their other workers,
+        ``stopping.py``); unbind the public jobs endpoint and route the jobs queued in it. Then send the
+        children no more jobs (``END_OF_JOBS``) and count what is left as discarded: all of it when
+        cold, or what was not routed within ``graceful_timeout``."""
         dispatch = self._dispatch
         assert dispatch is not None
+        log.info("stopping: told %d job client(s) of %s", dispatch.call(dispatch.notify_stopping), self._jobs_endpoint)
+        deadline, seen = time.monotonic() + self.graceful_timeout, len(self._signals)
+        self._route_until_drained(min(deadline, time.monotonic() + DRAIN_LIMIT), cold, seen)
         dispatch.call(dispatch.stop_jobs, self._jobs_endpoint)
-        deadline = time.monotonic() + self.graceful_timeout
-        seen = len(self._signals)
-        while not (cold or len(self._signals) > seen) and time.monotonic() < deadline:
-            if dispatch.call(dispatch.jobs_drained):
-                break
-            time.sleep(0.02)
-        discarded = dispatch.call(dispatch.discard_jobs)
+        self._route_until_drained(deadline, cold, seen)
+        discarded = dispatch.call(dispatch.end_jobs)
         log.info("stopped taking jobs on %s; the children took the queued ones", self._jobs_endpoint)
         if discarded:
             log.warning("discarded %d queued plain jobs on shutdown (in the supervisor's queue)", discarded)
+
+    def _route_until_drained(self, deadline: float, cold: bool, seen: int) -> None:
+        """Wait until the public jobs queue is quiet (``dispatch.jobs_drained``), or ``deadline``, or cold
+        (or a stop signal after the first ``seen``)."""
+        assert self._dispatch is not None
+        while not (cold or len(self._signals) > seen) and time.monotonic() < deadline:
+            if self._dispatch.call(self._dispatch.jobs_drained):
+                return
+            time.sleep(0.02)
 
     def _stop_children(self) -> None:
         cold = signal.SIGQUIT in self._signals
@@ -414,18 +442,29 @@ class Supervisor:
                 return
             if pid == 0:
                 return
-            if self.children.pop(pid, None) is not None and status != 0:
-                self._unclean_stops += 1
+            child = self.children.pop(pid, None)
+            if child is not None:
+                self._unclean_stops += status != 0
+                self._forget(child)
 
     def _kill_children(self) -> None:
         if self.children:
             log.warning("killing %d worker children that did not stop", len(self.children))
             self._unclean_stops += len(self.children)
         self._signal_children(signal.SIGKILL)
-        for pid in list(self.children):
+        for pid, child in list(self.children.items()):
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+            self._forget(child)
         self.children.clear()
 
+
+def _jobs_read(child: _Child) -> Optional[int]:
+    """How many jobs an exited child read from its backend, as it wrote when it stopped; ``None`` if it did not."""
+    try:
+        with open(f"{child.ready_file}.drained") as drained:
+            return int(drained.read())
+    except (OSError, ValueError):
+        return None
