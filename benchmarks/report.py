@@ -13,6 +13,7 @@ minimum advantage (``>= 0.8``), and its verdict is kept as is.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Optional, Sequence
 
 from benchmarks.harness import Row
@@ -58,6 +59,8 @@ class Comparison:
 
 
 _GEVENT_CALLS = "gevent"
+#: The prefork variants ``bench_prefork`` runs here: ``--processes 4`` needs 4 CPUs.
+PREFORK_PROCESSES = (1, 2, 4) if (os.cpu_count() or 1) >= 4 else (1, 2)
 #: The report's comparisons, in the order of the issue.
 COMPARISONS: tuple[Spec, ...] = (
     Spec("pool", "call round trip", "plain, sequential (median)", "raw persistent pyzmq DEALER",
@@ -102,6 +105,10 @@ COMPARISONS: tuple[Spec, ...] = (
     Spec("fork", "fork cycle", "fork, first call in the child, exit (median)", "fresh raw Context + DEALER in the child",
          ("fork", "zqsync: fork cycle"), ("fork", "raw: fork cycle"), ("fork", "zqsync / raw fork cycle"),
          inverted=True),
+    *(Spec("prefork", f"--processes {n}", f"{what}, --processes {n}", "one worker process, no supervisor",
+           (f"--processes {n}", f"{mode}: "), ("one process", f"{mode}: "),
+           (f"--processes {n}", f"{mode}: --processes {n} / one process"))
+      for n in PREFORK_PROCESSES for mode, what in (("jobs", "plain jobs end to end"), ("calls", "calls, 50 greenlets"))),
     Spec("gunicorn", "gunicorn -k gevent", "requests/s, an enqueue per request", "a Client per request",
          ("gunicorn", "/enqueue (enqueue): requests/s"), ("gunicorn", "/enqueue-per-request (per-request Client): requests/s"),
          ("gunicorn", "/enqueue (pooled) / per-request Client")),

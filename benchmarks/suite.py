@@ -22,6 +22,8 @@ endtoend   plain jobs end to end (enqueued and executed, counted at one
            worker process) against dramatiq on redis-server, 1 process x
            8 threads (plain and gevent)
 fork       a fork cycle: fork, first call in the child, exit
+prefork    plain jobs end to end and calls from 50 greenlets, ``--processes 1``,
+           ``2`` (and ``4`` with 4 CPUs) against one worker process, as ratios
 gunicorn   real ``gunicorn -k gevent`` on ``zqsync/demo/webapp.py`` under wrk:
            requests/s with an enqueue per request, without, and with a
            Client per request
@@ -92,6 +94,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("rq", "enqueue and confirmed enqueue vs RQ on redis-server", "bench_rq", script=True),
     Scenario("endtoend", "plain jobs end to end in one worker process vs dramatiq on redis-server", "bench_dramatiq"),
     Scenario("fork", "fork cycle: fork, first call in the child, exit", "bench_fork"),
+    Scenario("prefork", "--processes 1, 2 (and 4 with 4 CPUs) against one worker process, as ratios",
+             "bench_prefork"),
     Scenario("gunicorn", "gunicorn -k gevent: requests/s with and without an enqueue", "bench_gunicorn",
              "gunicorn_unavailable"),
 )

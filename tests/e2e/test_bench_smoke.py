@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-SCENARIOS = {"pool", "worker", "zerorpc", "congestion", "rq", "endtoend", "fork", "gunicorn"}
+SCENARIOS = {"pool", "worker", "zerorpc", "congestion", "rq", "endtoend", "fork", "prefork", "gunicorn"}
 #: Scenarios that need nothing beyond the test extra, so they must have run.
-ALWAYS_RUN = {"pool", "worker", "congestion", "fork", "gunicorn"}
+ALWAYS_RUN = {"pool", "worker", "congestion", "fork", "prefork", "gunicorn"}
 
 
 def bench(*args: str, cwd: str, timeout: float) -> subprocess.CompletedProcess:
