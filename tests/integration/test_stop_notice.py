@@ -43,6 +43,29 @@ def test_a_stopping_worker_loses_no_accepted_job(zq_worker, tmp_path):
         assert "told 1 job client(s)" in worker.output()
 
 
+def test_a_stopping_supervisor_loses_no_accepted_job(zq_worker, tmp_path):
+    """The same flood at a prefork supervisor (2 children of 4 slots), TERMed with a 1 s grace: the router
+    tells the client, routes what it still sends, and ends each child's jobs; the children discard what
+    they cannot run. Jobs accepted == run + discarded (the supervisor's queue and the children's) +
+    killed, exactly."""
+    for loop in range(2):
+        worker = zq_worker(concurrency=4, extra_args=["--processes", "2", "--graceful-timeout", "1"])
+        target = tmp_path / f"ran-{loop}.txt"
+        stream = JobStream(worker.endpoint, target, delay=0.001, send_timeout=1.0)
+        stream.start()
+        status = stop_under_flood(worker, target, stream, after=500)
+        stream.stop()
+        output = worker.output()
+        discarded, killed = logged_discards(output), logged_kills(output)
+        ran = settled(target, stream.accepted - discarded - killed, timeout=2.0)
+        print(f"loop {loop}: accepted {stream.accepted}, executed {len(ran)}, discarded (logged) {discarded}, "
+              f"killed {killed}, exit {status}")
+        assert stream.error is None or "Congested" in type(stream.error).__name__
+        assert len(set(ran)) == len(ran)
+        assert len(ran) + discarded + killed == stream.accepted
+        assert "stopping: told 1 job client(s)" in output
+
+
 def test_two_workers_one_termed_every_accepted_job_runs_on_one_of_them(zq_worker, tmp_path):
     """A client lists two workers and floods them; one is TERMed mid-load (10 s grace: it runs all it
     read). Every accepted job runs exactly once on one or the other, and the rest go to the survivor."""

@@ -57,7 +57,7 @@ import msgpack
 import zmq
 
 from ..logs import RateLimitedLog
-from .stopping import DRAIN_QUIET, Peers
+from .stopping import BATCH, DRAIN_QUIET, Peers
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ class Dispatcher:
         self._turns = 0  # round-robin counter for the messages sent without a credit
         self.stopping = False  # set by refuse_calls: the children refuse rpc work, no credit needed
         self.jobs_ended = False  # set by end_jobs: the public jobs socket is not read any more
+        self.backlog: collections.deque[bytes] = collections.deque()  # jobs read while stopping, not yet routed
         self.peers = Peers(jobs_front, jobs_front.getsockopt_string(zmq.LAST_ENDPOINT))
         self.lost = 0
         self.jobs_lost = 0  # plain jobs lost with children that exited (remove_child) or not sendable
@@ -196,7 +197,9 @@ class Dispatcher:
 
     def notify_stopping(self) -> int:
         """Send the stopping notice to every client that sent on the public jobs socket (``stopping.py``);
-        returns how many. Clients that send later are told when they do."""
+        returns how many. Clients that send later are told when they do. From now on the public jobs
+        socket is read whether or not a child has a credit, into :attr:`backlog`, as a stopping worker
+        reads its socket into memory: what a client flushes must not wait in its buffers for the unbind."""
         return self.peers.notify_all()
 
     def stop_jobs(self, endpoint: str) -> None:
@@ -205,9 +208,10 @@ class Dispatcher:
         self.last_job = time.monotonic()
 
     def end_jobs(self) -> int:
-        """Read the public jobs socket no more: drop what is left in its queue (returns how many), and send
-        every child :data:`END_OF_JOBS`, after the last job routed to it."""
-        count = self.discard_jobs()
+        """Read the public jobs socket no more: drop what is left in its queue and the :attr:`backlog`
+        (returns how many), and send every child :data:`END_OF_JOBS`, after the last job routed to it."""
+        count = self.discard_jobs() + len(self.backlog)
+        self.backlog.clear()
         self.jobs_ended = True
         for route in self.routes.values():
             _end_jobs(route)
@@ -220,8 +224,12 @@ class Dispatcher:
         self.stopping = True
 
     def jobs_drained(self) -> bool:
-        """Whether the public jobs queue has been quiet for ``DRAIN_QUIET`` seconds."""
+        """Whether no job has come for ``DRAIN_QUIET`` seconds and none waits in the public jobs queue."""
         return time.monotonic() - self.last_job > DRAIN_QUIET and not self.jobs_front.poll(0)
+
+    def jobs_routed(self) -> bool:
+        """Whether every job read while stopping has been routed to a child."""
+        return not self.backlog
 
     def discard_jobs(self) -> int:
         """Read and drop what is left in the public jobs queue; returns how many."""
@@ -250,7 +258,7 @@ class Dispatcher:
         poller = zmq.Poller()
         for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
             poller.register(sock, zmq.POLLIN)
-        if not self.jobs_ended and self._usable(SLOT) is not None:
+        if not self.jobs_ended and (self.peers.stopping or self._usable(SLOT) is not None):
             poller.register(self.jobs_front, zmq.POLLIN)
         if len(self.held[SLOT]) < HOLD_MAX:
             poller.register(self.rpc_front, zmq.POLLIN)
@@ -261,6 +269,8 @@ class Dispatcher:
         for route in list(self.routes.values()):
             if route.rpc in events:
                 self.rpc_front.send_multipart(route.rpc.recv_multipart())
+        if self.peers.stopping and not self.jobs_ended:
+            self._take_jobs()
         while self._route_call() | self._route_job():  # both, each round
             pass
 
@@ -326,16 +336,35 @@ class Dispatcher:
         self._drop("rpc", "no child is running to answer it")
 
     def _route_job(self) -> bool:
-        """Route the next job of the public queue if some child has a slot credit; ``False`` if none moved."""
+        """Route the next job (of the backlog while stopping, else of the public queue) if some child has a
+        slot credit; ``False`` if none moved."""
         if self.jobs_ended or self._usable(SLOT) is None:
             return False
-        try:
-            frames = self.jobs_front.recv_multipart(zmq.NOBLOCK)  # [client identity, job]
-        except zmq.Again:
-            return False
-        self.last_job = time.monotonic()
-        self._route([self.peers.frame(frames) or MALFORMED], "jobs", SLOT)
+        if self.peers.stopping:  # _take_jobs reads the public queue
+            if not self.backlog:
+                return False
+            frame = self.backlog.popleft()
+        else:
+            try:
+                frame = self._take_job()
+            except zmq.Again:
+                return False
+        self._route([frame], "jobs", SLOT)
         return True
+
+    def _take_job(self) -> bytes:
+        """One job of the public queue (``MALFORMED`` if it is not one frame). :raises zmq.Again: none."""
+        frames = self.jobs_front.recv_multipart(zmq.NOBLOCK)  # [client identity, job]
+        self.last_job = time.monotonic()
+        return self.peers.frame(frames) or MALFORMED
+
+    def _take_jobs(self) -> None:
+        """While stopping: read up to :data:`stopping.BATCH` jobs of the public queue into the backlog."""
+        for _ in range(BATCH):
+            try:
+                self.backlog.append(self._take_job())
+            except zmq.Again:
+                return
 
     def _forget_credits(self) -> None:
         """Drop the queued credits of children that are closed or gone."""

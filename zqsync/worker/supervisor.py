@@ -14,9 +14,11 @@ builds its own sockets and client pools.
 * Signal handlers only record signals; the main loop acts on them.
 * TERM/INT: warm shutdown. The router tells the clients of the public jobs
   socket that it stops, as a standalone worker does (``stopping.py``), and
-  routes what they still send until they fall quiet; then it unbinds the
-  public jobs endpoint (clients that list other workers send there), routes
-  the jobs still queued in it, and sends each child its end-of-jobs mark; then
+  reads what they still send into memory, credit or not, until they fall
+  quiet; then it unbinds the public jobs endpoint (clients that list other
+  workers send there) and reads the jobs still queued in it. It routes them
+  to the children within ``graceful_timeout``, counts the rest as discarded,
+  and sends each child its end-of-jobs mark; then
   the children stop as standalone workers do (``server.py``): each reads
   its backend queue up to that mark, runs it and finishes in-flight tasks within
   ``graceful_timeout``, or counts and logs what it discards. A second TERM/INT, or QUIT: cold; the
@@ -383,29 +385,31 @@ class Supervisor:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _stop_taking_jobs(self, cold: bool) -> None:
-        """Tell the clients of the public jobs socket that this worker stops, and route what they still
+        """Tell the clients of the public jobs socket that this worker stops, and read what they still
         send until they fall quiet (at most ``DRAIN_LIMIT`` seconds: they send to their other workers,
-        ``stopping.py``); unbind the public jobs endpoint and route the jobs queued in it. Then send the
-        children no more jobs (``END_OF_JOBS``) and count what is left as discarded: all of it when
-        cold, or what was not routed within ``graceful_timeout``."""
+        ``stopping.py``); unbind the public jobs endpoint and read the jobs queued in it (as long again);
+        route what was read to the children. Then send them no more jobs (``END_OF_JOBS``) and count
+        what is left as discarded: all of it when cold, or what was not routed within
+        ``graceful_timeout`` of the signal."""
         dispatch = self._dispatch
         assert dispatch is not None
         log.info("stopping: told %d job client(s) of %s", dispatch.call(dispatch.notify_stopping), self._jobs_endpoint)
         deadline, seen = time.monotonic() + self.graceful_timeout, len(self._signals)
-        self._route_until_drained(min(deadline, time.monotonic() + DRAIN_LIMIT), cold, seen)
+        self._wait_routing(dispatch.jobs_drained, time.monotonic() + DRAIN_LIMIT, cold, seen)
         dispatch.call(dispatch.stop_jobs, self._jobs_endpoint)
-        self._route_until_drained(deadline, cold, seen)
+        self._wait_routing(dispatch.jobs_drained, time.monotonic() + DRAIN_LIMIT, cold, seen)
+        self._wait_routing(dispatch.jobs_routed, deadline, cold, seen)
         discarded = dispatch.call(dispatch.end_jobs)
         log.info("stopped taking jobs on %s; the children took the queued ones", self._jobs_endpoint)
         if discarded:
             log.warning("discarded %d queued plain jobs on shutdown (in the supervisor's queue)", discarded)
 
-    def _route_until_drained(self, deadline: float, cold: bool, seen: int) -> None:
-        """Wait until the public jobs queue is quiet (``dispatch.jobs_drained``), or ``deadline``, or cold
-        (or a stop signal after the first ``seen``)."""
+    def _wait_routing(self, done: Callable[[], bool], deadline: float, cold: bool, seen: int) -> None:
+        """Wait until ``done()`` (run in the router's thread), or ``deadline``, or cold (or a stop signal
+        after the first ``seen``)."""
         assert self._dispatch is not None
         while not (cold or len(self._signals) > seen) and time.monotonic() < deadline:
-            if self._dispatch.call(self._dispatch.jobs_drained):
+            if self._dispatch.call(done):
                 return
             time.sleep(0.02)
 
