@@ -123,8 +123,11 @@ def test_mark_cannot_stick_when_the_worker_drains_between_deadline_and_mark(stop
     monkeypatch.setattr(congestion.transport, "send", real_send)
     assert STATE.is_marked(client.endpoints[0]), "the window was hit: dropped and marked after the drain"
 
-    # The very next job probes, succeeds against the drained worker, and clears the mark.
-    wait_for(lambda: worker.stats()["in_flight"] == 0, what="the backlog to finish")
+    # The very next job probes, succeeds against the drained worker, and clears the mark. Drained: the
+    # worker has received every job the client sent (an idle moment between two jobs is not enough:
+    # on a busy machine the client's buffers may still be full then).
+    sent = client.stats()["enqueued"]
+    wait_for(lambda: worker.stats()["jobs_received"] == sent, what=f"the worker to receive all {sent} jobs")
     client.enqueue_with_options("record", args=(str(target), "after-race"), congestion="drop")
     assert not STATE.is_marked(client.endpoints[0])
     assert client.stats()["enqueued"] >= 2
