@@ -38,7 +38,7 @@ from tests.helpers import slack
 from zqsync.errors import ProtocolError
 from zqsync.wire import envelope
 
-fuzz_settings = settings(deadline=datetime.timedelta(seconds=2), max_examples=100,
+fuzz_settings = settings(deadline=datetime.timedelta(seconds=slack(2.0)), max_examples=100,
                          suppress_health_check=[HealthCheck.too_slow])
 
 # -- strategies ----------------------------------------------------------------
