@@ -40,10 +40,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     cpu_load.stop(config.stash.get(BURNERS, []))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
     burners = config.stash.get(BURNERS, [])
-    return f"{cpu_load.VARIABLE}: {len(burners)} CPU burner(s){': pids ' if burners else ''}" + \
-        " ".join(str(burner.pid) for burner in burners)
+    pids = " ".join(str(burner.pid) for burner in burners)
+    return [f"{cpu_load.VARIABLE}: {len(burners)} CPU burner(s), pids {pids}"] if burners else []
 
 
 @pytest.fixture

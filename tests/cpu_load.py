@@ -30,10 +30,9 @@ def wanted() -> int:
     :raises ValueError: the variable is not a whole number >= 0.
     """
     value = os.environ.get(VARIABLE, "").strip() or "0"
-    count = int(value)
-    if count < 0:
+    if not value.isdigit():
         raise ValueError(f"{VARIABLE}={value}: expected a whole number of processes >= 0")
-    return count
+    return int(value)
 
 
 def start(count: int) -> list[subprocess.Popen]:
