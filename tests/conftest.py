@@ -4,16 +4,25 @@ import os
 import shutil
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests import cpu_load
+from tests.helpers import slack
 
 #: True in the tox env that monkey-patches before pytest starts.
 MONKEY_PATCHED = "gevent.monkey" in sys.modules and sys.modules["gevent.monkey"].is_anything_patched()
 BURNERS = pytest.StashKey[list]()
+
+# Hypothesis times each example and its input generation by the wall clock (a 200 ms deadline and the
+# too_slow health check by default): on a busy machine the deadline scales with ZQSYNC_TEST_SLACK and
+# slow generation is no failure. A test's own settings still override these.
+settings.register_profile("zqsync", deadline=timedelta(seconds=slack(1.0)), suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("zqsync")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 if os.environ.get("ZQSYNC_TEST_MONKEY") == "1" and not MONKEY_PATCHED:
