@@ -222,10 +222,12 @@ print(json.dumps(report), flush=True)
 @pytest.mark.parametrize("finish", ["close", "exit-only"])
 def test_close_and_interpreter_exit_return_promptly_after_calling_an_absent_peer(finish):
     """S09: after a call (and enqueues) to an absent peer, ``client.close()`` and the
-    interpreter's exit (atexit hooks, context termination) each return in under 1 s."""
+    interpreter's exit (atexit hooks, context termination) each return promptly, not after the linger."""
+    # A linger of 5 s: a close or an exit that waits on it takes 5 s, far past the bound, while a busy
+    # machine may stretch a prompt exit past 1 s (1.14 s was seen with the CPUs loaded).
     with subprocess.Popen(
         [sys.executable, "-c", S09_SCRIPT, MODE, absent_endpoint(), finish],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, ZQSYNC_LINGER="5"),
     ) as process:
         try:
             line = process.stdout.readline()
@@ -238,8 +240,8 @@ def test_close_and_interpreter_exit_return_promptly_after_calling_an_absent_peer
     assert line, f"no report; stderr:\n{errors[-3000:]}"
     report = json.loads(line)
     assert report["call"] == "CallTimeout" and report["block"] == "Congested" and report["dropped"] == 1
-    assert report["close_seconds"] < slack(1.0), report
-    assert exit_seconds < slack(1.0), f"the interpreter took {exit_seconds:.2f} s to exit"
+    assert report["close_seconds"] < slack(2.5), report
+    assert exit_seconds < slack(2.5), f"the interpreter took {exit_seconds:.2f} s to exit"
     assert process.returncode == 0
 
 
