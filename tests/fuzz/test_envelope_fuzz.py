@@ -34,10 +34,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz.fuzzframes import HUGE_HEADERS, INT_EDGES, fuzz_message
+from tests.helpers import slack
 from zqsync.errors import ProtocolError
 from zqsync.wire import envelope
 
-fuzz_settings = settings(deadline=datetime.timedelta(seconds=2), max_examples=100,
+fuzz_settings = settings(deadline=datetime.timedelta(seconds=slack(2.0)), max_examples=100,
                          suppress_health_check=[HealthCheck.too_slow])
 
 # -- strategies ----------------------------------------------------------------
@@ -414,14 +415,14 @@ def test_deep_nesting_in_any_field_raises_protocol_error_and_nothing_else():
             cases = [(decode, deep(levels, shape), "frame") for decode, _ in DECODERS]
             cases += [(decode, with_raw(message, field, deep(levels, shape)), field) for decode, message, field in DEEP_CASES]
             for decode, frame, field in cases:
-                started = time.perf_counter()
+                started = time.process_time()  # CPU seconds: a busy machine stretches wall-clock time
                 try:
                     decode(frame)  # a deep result is valid; everything else must be refused
                 except ProtocolError:
                     pass
                 except Exception as exc:
                     failures.append(f"{decode.__name__}, {field}, {levels} levels of {shape}: {type(exc).__name__}: {exc}")
-                assert time.perf_counter() - started < 2.0, f"{decode.__name__}, {field}, {levels} levels: too slow"
+                assert time.process_time() - started < slack(2.0), f"{decode.__name__}, {field}, {levels} levels: too slow"
     assert not failures, f"{len(failures)} deeply nested frames raise something other than ProtocolError:\n" + "\n".join(
         failures[:12])
 
@@ -439,9 +440,9 @@ def test_big_legal_structures_decode_without_hanging(shape):
     items = 1_000_000 if shape == "nils" else 200_000  # a million containers is slow under pytest's many live objects (gc)
     frame = {"nils": b"\xdd" + items.to_bytes(4, "big") + b"\xc0" * items,
              "args-of-lists": with_raw(REQUEST, "args", b"\xdd" + items.to_bytes(4, "big") + b"\x91\x90" * items)}[shape]
-    started = time.perf_counter()
+    started = time.process_time()  # CPU seconds: a busy machine stretches wall-clock time
     decodes_or_refuses(frame)
-    assert time.perf_counter() - started < 10.0
+    assert time.process_time() - started < slack(10.0)
 
 
 def test_the_fuzzer_is_reproducible():

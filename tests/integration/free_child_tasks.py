@@ -11,8 +11,11 @@ registry = Registry()
 
 
 @registry.task
-def block(seconds):
-    """Burn CPU without yielding (no time limit), so this child's hub is blocked; returns its pid."""
+def block(seconds, started):
+    """Write this child's pid to the file ``started``, then burn CPU for ``seconds`` without yielding (no
+    time limit), so this child's hub is blocked; returns its pid."""
+    with open(started, "w") as handle:
+        handle.write(f"{os.getpid()}\n")
     spin(float(seconds))
     return os.getpid()
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 import zqsync
 from tests.helpers import slack, wait_for
+from zqsync.worker.dispatch import SUSPECT_AFTER
 
 TASKS = "tests.integration.free_child_tasks:registry"
 QUICK = 20
@@ -17,9 +19,9 @@ BLOCK = 6.0
 pytestmark = pytest.mark.timeout(120)
 
 
-def blocking_call(endpoint: str) -> int:
-    with zqsync.Client(endpoint, call_timeout=BLOCK * 4) as client:
-        return client.call("block", BLOCK)
+def blocking_call(endpoint: str, started: Path) -> int:
+    with zqsync.Client(endpoint, call_timeout=slack(BLOCK * 4)) as client:
+        return client.call("block", BLOCK, str(started))
 
 
 def with_one_child_blocked(zq_worker, tmp_path, quick):
@@ -29,15 +31,20 @@ def with_one_child_blocked(zq_worker, tmp_path, quick):
     """
     args = ["--processes", "2", "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "5"]
     worker = zq_worker(TASKS, extra_args=args, concurrency=4)
-    with zqsync.Client(worker.endpoint, call_timeout=BLOCK * 4) as client, ThreadPoolExecutor(1) as pool:
+    started = tmp_path / "blocked"
+    with zqsync.Client(worker.endpoint, call_timeout=slack(BLOCK * 4)) as client, ThreadPoolExecutor(1) as pool:
         wait_for(lambda: len({client.call("whoami") for _ in range(10)}) == 2, what="both children to answer")
-        blocker = pool.submit(blocking_call, worker.endpoint)
-        time.sleep(0.5)  # the call reaches a child, whose hub then spins
+        blocker = pool.submit(blocking_call, worker.endpoint, started)
+        wait_for(lambda: started.exists() and started.read_text().endswith("\n"), what="the block to start")
+        # The router suspects a child SUSPECT_AFTER after sending it work it does not acknowledge; a call
+        # routed within that window may go to the blocked child, by design (dispatch.py). Waiting longer
+        # only makes the suspicion surer.
+        time.sleep(SUSPECT_AFTER * 10)
         assert not blocker.done()
-        started = time.monotonic()
+        began = time.monotonic()
         result = quick(client)
-        seconds = time.monotonic() - started
-        return result, seconds, blocker.result(timeout=BLOCK * 4)
+        seconds = time.monotonic() - began
+        return result, seconds, blocker.result(timeout=slack(BLOCK * 4))
 
 
 def test_calls_go_to_the_free_child(zq_worker, tmp_path):

@@ -25,15 +25,15 @@ import zmq
 
 import zqsync
 from tests.conftest import MONKEY_PATCHED, ROOT
-from tests.helpers import wait_for
+from tests.helpers import slack, wait_for
 from zqsync.wire import envelope
 from zqsync.wire.endpoints import split_endpoint
 
 pytestmark = pytest.mark.timeout(90)
 
 MODE = "patched" if MONKEY_PATCHED else "plain"
-#: Added to every deadline bound: this machine has 2 cores and is noisy.
-SLACK = 2.0
+#: Seconds added to every deadline bound (stretched by ZQSYNC_TEST_SLACK): this machine has 2 cores and is noisy.
+MARGIN = slack(2.0)
 
 
 def absent_endpoint() -> str:
@@ -104,10 +104,10 @@ def test_2000_calls_to_an_absent_peer_each_time_out_in_time_and_the_2001st_behav
             assert not thread.is_alive(), "a caller hung"
         assert not errors, errors[:3]
         assert len(durations) == 1999  # with the first: 2,000
-        assert max(durations) < 0.05 + SLACK, f"slowest timeout took {max(durations):.3f} s"
+        assert max(durations) < 0.05 + MARGIN, f"slowest timeout took {max(durations):.3f} s"
         assert min(durations) >= 0.045
         last = timed_absent_call(client)
-        assert 0.045 <= first < 0.05 + SLACK and 0.045 <= last < 0.05 + SLACK
+        assert 0.045 <= first < 0.05 + MARGIN and 0.045 <= last < 0.05 + MARGIN
         dealer = client.stats()["dealer"]
         assert dealer["discarded_poisoned"] == 2001 and dealer["in_flight"] == 0 and dealer["open"] == 0
         assert client.stats()["call_timeouts"] == 2001
@@ -119,6 +119,7 @@ def test_2000_calls_to_an_absent_peer_each_time_out_in_time_and_the_2001st_behav
 # -- S06 -----------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(slack(300))  # a hang guard: 2,000 cycles took 43 s at a load average of 10, over 90 s at 16
 def test_creating_using_and_closing_a_client_2000_times_keeps_the_fd_count_flat(zq_worker):
     """S06: build a client, call and enqueue through it, close it; 2,000 times. The count of
     open file descriptors (/proc/self/fd) stays flat."""
@@ -177,7 +178,7 @@ def test_callers_own_gevent_timeout_propagates_and_the_interrupted_socket_is_nev
             with timeout:
                 client.call("sleep", 1.0)
         assert caught.value is timeout, f"a library timeout replaced the caller's: {caught.value!r}"
-        assert time.monotonic() - started < 0.1 + SLACK
+        assert time.monotonic() - started < 0.1 + MARGIN
         assert client.call("add", 2, 3) == 5
         assert len(worker.identities()) == 2, "the socket interrupted by the timeout was reused"
         gevent.sleep(1.5)  # the interrupted task's late reply is due now
@@ -221,10 +222,12 @@ print(json.dumps(report), flush=True)
 @pytest.mark.parametrize("finish", ["close", "exit-only"])
 def test_close_and_interpreter_exit_return_promptly_after_calling_an_absent_peer(finish):
     """S09: after a call (and enqueues) to an absent peer, ``client.close()`` and the
-    interpreter's exit (atexit hooks, context termination) each return in under 1 s."""
+    interpreter's exit (atexit hooks, context termination) each return promptly, not after the linger."""
+    # A linger of 5 s: a close or an exit that waits on it takes 5 s, far past the bound, while a busy
+    # machine may stretch a prompt exit past 1 s (1.14 s was seen with the CPUs loaded).
     with subprocess.Popen(
         [sys.executable, "-c", S09_SCRIPT, MODE, absent_endpoint(), finish],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, ZQSYNC_LINGER="5"),
     ) as process:
         try:
             line = process.stdout.readline()
@@ -237,8 +240,8 @@ def test_close_and_interpreter_exit_return_promptly_after_calling_an_absent_peer
     assert line, f"no report; stderr:\n{errors[-3000:]}"
     report = json.loads(line)
     assert report["call"] == "CallTimeout" and report["block"] == "Congested" and report["dropped"] == 1
-    assert report["close_seconds"] < 1.0, report
-    assert exit_seconds < 1.0, f"the interpreter took {exit_seconds:.2f} s to exit"
+    assert report["close_seconds"] < slack(2.5), report
+    assert exit_seconds < slack(2.5), f"the interpreter took {exit_seconds:.2f} s to exit"
     assert process.returncode == 0
 
 
@@ -423,7 +426,7 @@ def test_eleventh_lease_on_a_pool_capped_at_two_raises_an_actionable_error_after
                 with pool.lease(rpc, timeout=0.2):
                     pass
         waited = time.monotonic() - started
-        assert 0.19 <= waited < 0.2 + SLACK, f"waited {waited:.3f} s"
+        assert 0.19 <= waited < 0.2 + MARGIN, f"waited {waited:.3f} s"
         message = str(caught.value)
         assert "ZQSYNC_POOL_SIZE" in message and "0.200" in message, message
         assert len(holding) == 2
@@ -452,7 +455,7 @@ def test_client_capped_at_two_fails_the_eleventh_call_fast_and_serves_the_ten_on
         with gevent.Timeout(10.0, AssertionError("the eleventh call waited past its own timeout")):
             with pytest.raises(zqsync.PoolError) as caught:
                 client.call_with_options("echo", args=("eleventh",), timeout=0.2)
-        assert time.monotonic() - started < 0.2 + SLACK
+        assert time.monotonic() - started < 0.2 + MARGIN
         assert "ZQSYNC_POOL_SIZE" in str(caught.value)
         gevent.joinall(ten, timeout=60.0)
         assert [g.value for g in ten] == list(range(10))

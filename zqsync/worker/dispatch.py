@@ -9,7 +9,8 @@ router need not wait for a round trip per message. Each time work it got has
 started, the child sends one such message (with zero or more new credits),
 which also acknowledges that work (``server.py``). A child that has not
 acknowledged work for :data:`SUSPECT_AFTER` seconds is passed over while a
-sibling is not suspected (the work waits for that sibling's credits): so a child whose hub is blocked (a task that never
+sibling is not suspected (the work waits for that sibling's credits), and
+when every child is suspected, the one silent for the shortest time gets it: so a child whose hub is blocked (a task that never
 yields, a SIGSTOP) gets at most its remaining credits' worth of messages
 (``CREDITS_MAX - 1`` at most, only those sent within ``SUSPECT_AFTER`` of its
 block) and then nothing while a sibling is free; a child whose slots are full
@@ -393,15 +394,19 @@ class Dispatcher:
 
         The first credit, except that children which have not acknowledged their work for
         :data:`SUSPECT_AFTER` seconds are passed over (even with no other credit yet) while some
-        open child is not suspected: its credits will come."""
+        open child is not suspected: its credits will come. When every open child is suspected
+        (on a busy machine a healthy child can be slow to acknowledge), the first credit of the
+        one silent for the shortest time: a blocked child has been silent the longest."""
         ready = self.ready[kind]
         if not ready:
             return None
         now = time.monotonic()
-        suspects = {name for name, since in self.unacked.items() if now - since > SUSPECT_AFTER}
-        if not suspects or all(name in suspects for name, route in self.routes.items() if route.open):
+        silent = {name: now - since for name, since in self.unacked.items() if now - since > SUSPECT_AFTER}
+        if not silent:
             return 0
-        return next((index for index, name in enumerate(ready) if name not in suspects), None)
+        if all(name in silent for name, route in self.routes.items() if route.open):
+            return min(range(len(ready)), key=lambda index: silent.get(ready[index], 0.0))
+        return next((index for index, name in enumerate(ready) if name not in silent), None)
 
     def _drop(self, kind: str, why: str) -> None:
         self.lost += 1
