@@ -35,8 +35,8 @@ class FakeChild:
         self.credits.connect(f"ipc://{directory}/credits")
 
     def offer(self, count: int) -> None:
-        """Send ``count`` slot credits; also acknowledges the work this child got so far."""
-        self.credits.send_multipart([self.name, SLOT, b"%d" % count])
+        """Send ``count`` slot credits; also acknowledges the work this child got so far (it read no jobs)."""
+        self.credits.send_multipart([self.name, SLOT, b"%d" % count, b"0"])
 
     def received(self) -> list[bytes]:
         """The request bodies routed to this child within a second (the router's sends are local)."""
@@ -95,3 +95,15 @@ def test_when_every_child_is_suspected_the_call_goes_to_the_one_silent_for_the_s
     third = call(client, "3")
     assert blocked.received() == [], "the third call went to the child silent the longest (its hub is blocked)"
     assert slow.received() == [third]
+
+
+def test_asking_a_router_whose_loop_died_times_out_instead_of_hanging(router):
+    """The supervisor asks its router thread through :meth:`Dispatcher.call`. Once that loop has died (a bug,
+    logged), each ask must end in ``TimeoutError``: it used to block for good once the unanswered wake-ups
+    filled their pipe (seen: the suite's timeout, after a fake child's malformed credit killed the loop)."""
+    dispatch, _, _ = router
+    dispatch.call(setattr, dispatch, "_running", False)  # the loop ends, as it does on a bug
+    wait_for(lambda: not dispatch.alive, what="the router's loop to end")
+    for _ in range(2100):  # more wake-ups than the waker's pipe holds (twice the default HWM of 1000)
+        with pytest.raises(TimeoutError):
+            dispatch.call(len, [], timeout=0)

@@ -143,10 +143,16 @@ class Dispatcher:
         return self._thread.is_alive()
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
-        """Run ``fn(*args)`` in the loop's thread; blocks until it returns (at most ``timeout`` seconds)."""
+        """Run ``fn(*args)`` in the loop's thread; blocks until it returns (at most ``timeout`` seconds).
+
+        :raises TimeoutError: the loop did not run it within ``timeout`` (it died, or is stuck).
+        """
         future: Future = Future()
         self._commands.put((fn, args, future))
-        self._waker.send(b"")
+        try:
+            self._waker.send(b"", zmq.NOBLOCK)
+        except zmq.Again:  # the waker's pipe is full: the loop has wake-ups enough, or is gone
+            pass
         return future.result(timeout)
 
     def stop(self) -> None:
