@@ -77,7 +77,7 @@ import signal
 import time
 import weakref
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import gevent
 import gevent.event
@@ -88,21 +88,18 @@ import zmq.green
 import zmq.utils.monitor
 
 from .. import _common
-from ..errors import ConfigurationError, ProtocolError, WorkerShutdown, WorkerStopping
+from ..errors import ProtocolError, WorkerShutdown, WorkerStopping
 from ..logs import RateLimitedLog
 from ..settings import WorkerSettings
 from ..wire.envelope import encode_error
-from . import fleet
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
-from .auth import GeventAuthenticator, curve_state
-from .binding import bind_pair
-from .dispatch import ADMIN, ADMIT, CREDITS_MAX, END_OF_JOBS, SLOT, kind_of
+from .dispatch import ADMIN, SLOT, kind_of
 from .inline import Reader, run_inline
+from .intake import Intake, intake_for, quiesce
 from .queues import build_queues, yield_to_higher
 from .registry import Registry
 from .runner import Runner
 from .scheduler import build_scheduler
-from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
 from .watchdog import KILLED_EXIT, Watchdog, original_signal
 
 log = logging.getLogger(__name__)
@@ -141,7 +138,9 @@ class Worker:
         longer the worker's parent, i.e. when whoever started it died without
         stopping it. Checked every second.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
-        binding (set by the prefork supervisor).
+        binding (set by the prefork supervisor): the worker's intake is then a
+        :class:`~zqsync.worker.intake.SupervisedIntake`, else a :class:`~zqsync.worker.intake.StandaloneIntake`.
+    :param intake: how work reaches the worker (``intake.py``), instead of the one ``backend`` chooses.
     :param overrides: :class:`~zqsync.settings.WorkerSettings` fields that
         replace those of ``settings`` (``Worker(registry, concurrency=4)``).
     :raises ConfigurationError: an unknown or invalid setting, naming it.
@@ -158,6 +157,7 @@ class Worker:
         ready_file: Optional[str] = None,
         parent_pid: Optional[int] = None,
         backend: Optional[tuple[str, str]] = None,
+        intake: Optional[Intake] = None,
         **overrides: Any,
     ) -> None:
         self.settings = (settings or WorkerSettings()).replace(**overrides)
@@ -169,20 +169,16 @@ class Worker:
         self.max_message_size = self.settings.max_message_size
         self.hwm = self.settings.hwm
         self.parent_pid = parent_pid
-        self.backend = backend
-        self.curve_secret_key, self.allow_client_keys = self.settings.curve_secret_key, self.settings.allow_client_keys
-        self._authenticator: Any = None
+        self.curve_secret_key = self.settings.curve_secret_key
+        self.intake = intake or intake_for(self.settings, backend, ready_file)
         self.endpoint: Optional[str] = None
         self.watchdog = Watchdog(hard_grace=self.settings.hard_grace)
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
                              watchdog=self.watchdog, remote_tracebacks=self.settings.remote_tracebacks)
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
-        self.connections: dict[str, int] = {}
         self.started_at = time.time()
         self._slots = gevent.pool.Pool(self.concurrency)
-        if backend and self.settings.queues:
-            raise ConfigurationError("named queues need a single worker process (no --processes)", setting="queues")
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
         self._waiting = gevent.pool.Pool(WAITING_CALLS)
@@ -208,27 +204,17 @@ class Worker:
         self._queue_receivers: list[gevent.Greenlet] = []
         self._context: Optional[zmq.Context] = None
         self._sockets: list[zmq.Socket] = []
-        self._envelope = 2 if backend else 1  # frames in front of the body on rpc
-        self._admin_socket: Optional[zmq.Socket] = None
-        self._peers: Optional[Peers] = None  # standalone: who sent on the jobs (ROUTER) socket
-        self._credits: Optional[zmq.Socket] = None
-        # Set when the work of the last slot / admit credit was received and started (dispatch.py).
-        self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
-        self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
-        self._offering: list[gevent.Greenlet] = []
-        self._jobs_read = 0  # under a supervisor: jobs read from the backend (its credit messages say)
-        self._jobs_ended = False  # under a supervisor: END_OF_JOBS was read, the router sends no more
 
     # -- sockets -----------------------------------------------------------
 
     def bind(self) -> str:
-        """Bind (or, under a supervisor, connect) both sockets; returns the base endpoint.
+        """Make both sockets and let the intake bind or connect them; returns the worker's endpoint.
 
         :raises ConfigurationError: malformed bind endpoint.
         :raises zmq.ZMQError: the address is in use or unavailable.
         """
         context = self._context = zmq.green.Context()
-        self.jobs = context.socket(zmq.PULL if self.backend else zmq.ROUTER)
+        self.jobs = context.socket(self.intake.jobs_type)
         self.rpc = context.socket(zmq.ROUTER)
         self._sockets += [self.jobs, self.rpc]
         _common.on_fork_in_child(partial(_after_fork, weakref.ref(self)))
@@ -236,58 +222,11 @@ class Worker:
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.RCVHWM, self.hwm)
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size)
-        if self.backend:
-            self.jobs.connect(self.backend[0])
-            self.rpc.connect(self.backend[1])
-            self._bind_admin(context)
-            self._credits = context.socket(zmq.PUSH)
-            self._credits.connect(f"ipc://{fleet.admin_dir(self.backend)}/credits")
-            self._sockets.append(self._credits)
-            self.endpoint = self.scheduler.book.worker = self.bind_address
-            return self.endpoint
-        if self.allow_client_keys:
-            self._authenticator = GeventAuthenticator(context, self.allow_client_keys)
-            self._authenticator.start()
-        self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
-        self.scheduler.book.worker = self.endpoint
-        self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._peers = Peers(self.jobs, self._jobs_endpoint)
+        self.endpoint = self.scheduler.book.worker = self.intake.open(context, self.jobs, self.rpc, self._report)
         for queue in self.queues:
             self._sockets.append(queue.bind(context, hwm=self.hwm, max_message_size=self.max_message_size,
                                             curve_secret_key=self.curve_secret_key))
-        self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
-
-    def _bind_admin(self, context: zmq.Context) -> None:
-        """Under a supervisor: answer siblings gathering the whole worker's stats (``fleet.py``)."""
-        assert self.backend is not None
-        self._admin_socket = context.socket(zmq.ROUTER)
-        self._admin_socket.bind(fleet.admin_endpoint(fleet.admin_dir(self.backend), os.getpid()))
-        self._sockets.append(self._admin_socket)
-        self._greenlets.append(gevent.spawn(fleet.serve_admin, self._admin_socket, self._report))
-
-    def _watch_connections(self, sock: zmq.Socket, name: str) -> gevent.Greenlet:
-        """Count TCP connections accepted and lost per socket: the peer-side view of client
-        socket reuse (few connections) and discard (a disconnection)."""
-        monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._sockets.append(monitor)
-        keys: dict[int, str] = {
-            int(zmq.EVENT_ACCEPTED): f"connections_{name}", int(zmq.EVENT_DISCONNECTED): f"disconnections_{name}",
-        }
-        for key in keys.values():
-            self.connections[key] = 0
-
-        def watch() -> None:
-            try:
-                while True:
-                    event = zmq.utils.monitor.recv_monitor_message(monitor)
-                    key = keys.get(event["event"])
-                    if key:
-                        self.connections[key] += 1
-            finally:
-                monitor.close(linger=0)
-
-        return gevent.spawn(watch)
 
     def _after_fork_in_child(self) -> None:
         """A task forked: in the child, nothing may touch the worker's sockets again.
@@ -304,11 +243,11 @@ class Worker:
         for signum in STOP_SIGNALS:
             original_signal(signum, signal.SIG_DFL)
         current = gevent.getcurrent()
-        for sock in self._sockets:
+        for sock in [*self._sockets, *self.intake.sockets]:
             _common.disown(sock)
         _common.orphans.append(self._context)
-        copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
-                  *self._slots.greenlets, *self._calls.greenlets,
+        copies = [*self._receivers, *self._greenlets, *self.intake.greenlets, *self.scheduler.greenlets(),
+                  *self.watchdog.greenlets(), *self._slots.greenlets, *self._calls.greenlets,
                   *self._waiting.greenlets, *self._admin.greenlets,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
@@ -338,16 +277,11 @@ class Worker:
         self._receivers += self._queue_receivers
         for queue in self.queues:
             log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
-        if self._credits is not None:
-            self._offering = [gevent.spawn(self._offer_work, self._credits, SLOT, self._slots),
-                              gevent.spawn(self._offer_work, self._credits, ADMIT, self._admissions)]
-            self._greenlets += self._offering
+        self.intake.start(self._slots, self._admissions)
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
-        where = (f"behind the supervisor's {self.endpoint}" if self.backend
-                 else f"on {self.endpoint} (rpc on port +1), {curve_state(self._authenticator)}")
         log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
-                 os.getpid(), len(self.registry), where, self.concurrency)
+                 os.getpid(), len(self.registry), self.intake.describe(), self.concurrency)
         self._write_ready_file()
         while not self._signals:
             gevent.sleep(SIGNAL_POLL)
@@ -379,32 +313,6 @@ class Worker:
         if self.ready_file and self.endpoint:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
-    def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: "gevent.pool.Pool | Admissions") -> None:
-        """Under a supervisor: keep up to :data:`~zqsync.worker.dispatch.CREDITS_MAX` ``kind`` credits
-        (``dispatch.py``) outstanding, never more than ``pool`` has free slots.
-
-        After work of its credits has started, it sends one message that both
-        acknowledges it (the router prefers children that acknowledge promptly)
-        and carries the new credits, possibly none. The receivers count the
-        start right after running or spawning that work, and gevent runs
-        callbacks in order, so the task runs before this greenlet wakes: a task
-        that blocks the hub from its start blocks the acknowledgement too.
-        """
-        assert self.backend is not None
-        name, taken = self.backend[0].encode(), self._taken[kind]
-        outstanding = 0
-        while True:
-            outstanding = max(0, outstanding - self._started[kind])
-            self._started[kind] = 0
-            room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
-            credits.send_multipart([name, kind, b"%d" % room, b"%d" % self._jobs_read])
-            outstanding += room
-            if outstanding:
-                taken.wait()
-                taken.clear()
-            else:
-                pool.wait_available()
-
     def _receive_jobs(self) -> None:
         """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
         inline in this greenlet unless another took the slot meanwhile."""
@@ -412,14 +320,9 @@ class Worker:
         while self._receivers[0] is current and not self._stopping:
             self._slots.wait_available()
             yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            if self._peers:
-                frame = self._peers.frame(reader.recv_multipart())
-            else:
-                frame = reader.recv()
-                if frame == END_OF_JOBS:  # the router sends no more (dispatch.py)
-                    self._jobs_ended = True
-                    continue
-                self._jobs_read += 1
+            frame = self.intake.read_job(reader)
+            if frame is None:
+                continue
             if self._stopping:  # read while a stop's kill was on its way: the stop runs or counts it
                 self._backlog.append(frame)
                 return
@@ -427,7 +330,7 @@ class Worker:
                 self._wait_for_slot(frame)
             elif not self._inline(0, self.scheduler.run_plain, frame):
                 return
-            self._took(SLOT)
+            self.intake.took(SLOT)
 
     def _wait_for_slot(self, frame: bytes) -> None:
         """Run a job once a slot is free; a stop that kills the wait keeps the job in the backlog."""
@@ -452,10 +355,10 @@ class Worker:
         current, reader = gevent.getcurrent(), self._readers[1]
         while self._receivers[1] is current:
             frames = reader.recv_multipart()
-            envelope = frames[: self._envelope]
+            envelope = frames[: self.intake.envelope]
             self._note_identity(envelope[-1])
             decoded = self._decode(frames)
-            self._took(self._receive_call(envelope, decoded))
+            self.intake.took(self._receive_call(envelope, decoded))
 
     def _inline(self, index: int, fn: Any, *args: Any) -> bool:
         """Run ``fn(*args)`` in receiver ``index`` (0: jobs, 1: rpc), which holds a free slot. If it
@@ -469,7 +372,7 @@ class Worker:
             elif self._stopping:  # the stop left this task to finish: it takes no more jobs
                 return
             self._receivers[index] = gevent.spawn(self._receive_calls if index else self._receive_jobs)
-            self._took(SLOT if self.backend else None)
+            self.intake.took(SLOT)
 
         return run_inline(self._slots, hand_off, fn, *args)
 
@@ -477,7 +380,7 @@ class Worker:
         """Start or answer one rpc message. Returns the credit it used (``dispatch.py``) if its start is
         already under way, ``None`` if none (a standalone worker, the worker's own calls) or if
         :meth:`_start_call` reports the start itself."""
-        kind = kind_of(decoded[0].kind, decoded[0].task) if self.backend and not isinstance(decoded, bytes) else SLOT
+        kind = SLOT if isinstance(decoded, bytes) else kind_of(decoded[0].kind, decoded[0].task)
         if isinstance(decoded, bytes):
             self._reply(envelope, decoded)
         elif self._stopping:
@@ -492,7 +395,7 @@ class Worker:
         else:
             self._waiting.spawn(self._start_call, envelope, *decoded)
             return None
-        return kind if self.backend and kind != ADMIN else None
+        return None if kind == ADMIN else kind
 
     def _admit(self, envelope: list[bytes], request: Any, task: Any) -> None:
         """Journal a confirmed job now if an admission place is free and none is held before it; else hold
@@ -531,13 +434,7 @@ class Worker:
         except gevent.GreenletExit:
             self._refuse(envelope, request)
         finally:
-            self._took(SLOT if self.backend else None)
-
-    def _took(self, kind: Optional[bytes]) -> None:
-        """The work of a ``kind`` credit has started: the next credit may go (:meth:`_offer_work`)."""
-        if kind is not None:
-            self._started[kind] += 1
-            self._taken[kind].set()
+            self.intake.took(SLOT)
 
     def _refuse(self, envelope: list[bytes], request: Any) -> None:
         """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
@@ -550,9 +447,10 @@ class Worker:
                                            "the worker is stopping and did not run this call; retry it"))
 
     def _decode(self, frames: list[bytes]) -> Any:
-        if len(frames) != self._envelope + 1:
+        if len(frames) != self.intake.envelope + 1:
             self.runner.counters["malformed"] += 1
-            return encode_error("", ProtocolError.__name__, f"expected one body frame, got {len(frames) - self._envelope}")
+            body_frames = len(frames) - self.intake.envelope
+            return encode_error("", ProtocolError.__name__, f"expected one body frame, got {body_frames}")
         return self.runner.decode_rpc(frames[-1])
 
     def _note_identity(self, identity: bytes) -> None:
@@ -615,18 +513,12 @@ class Worker:
             self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
-        for sock in (self._admin_socket, self._credits):
-            if sock is not None:
-                sock.close(linger=0)
         self.watchdog.stop()
-        if not self.backend:
-            self.jobs.disable_monitor()
+        self.intake.close()
         self.jobs.close(linger=0)  # unbound or disconnected, and read to the end
         for queue in self.queues:
             if queue.sock is not None:
                 queue.sock.close(linger=0)
-        if self._authenticator is not None:
-            self._authenticator.stop()
         if self._context is not None:
             self._context.term()
         log.info("zqsync worker pid %d stopped", os.getpid())
@@ -637,56 +529,17 @@ class Worker:
         receives no more. A receiver that reads a job while the kill is on its way keeps it in the backlog
         (:meth:`_receive_jobs`)."""
         jobs = [receiver for receiver in self._receivers[:1] if receiver not in self._slots]
-        gevent.killall([*jobs, *self._queue_receivers, *self._offering])
+        gevent.killall([*jobs, *self._queue_receivers])
+        self.intake.stop_offering()
 
     def _stop_taking_jobs(self) -> None:
         """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
-        job already in its queue."""
-        if self.backend:
-            self._drain_backend()
-            where = "the supervisor"
-        else:
-            assert self._peers is not None
-            self._quiesce(self._peers, self._jobs_endpoint)
-            where = self._jobs_endpoint
+        job already in its queue; then the named queues' sockets."""
+        where = self.intake.stop_taking_jobs(self._backlog.append)
         for queue in self.queues:  # their queued jobs join the backlog, run in the default pool
             if queue.peers is not None:
-                self._quiesce(queue.peers, queue.endpoint)
+                quiesce(queue.peers, self._backlog.append)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
-        if self.backend and self.ready_file:  # the supervisor counts what it sent and this did not read
-            with open(f"{self.ready_file}.drained", "w") as drained:
-                drained.write(str(self._jobs_read))
-
-    def _quiesce(self, peers: Peers, endpoint: str) -> None:
-        """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
-        send until they fall quiet, then unbind and read the socket's queue to the end (``stopping.py``)."""
-        log.info("stopping: told %d job client(s) of %s", peers.notify_all(), endpoint)
-        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
-        peers.sock.unbind(endpoint)
-        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
-
-    def _drain_jobs(self, receive: Callable[[int], bytes], sock: zmq.Socket, *, limit: float) -> None:
-        """Read a jobs socket (with ``receive(flags)``) into the backlog until it stays empty for
-        ``DRAIN_QUIET`` seconds (or ``limit`` seconds have passed)."""
-        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit, pause=gevent.sleep)
-
-    def _drain_backend(self) -> None:
-        """Under a supervisor: read the backend into the backlog up to the router's :data:`END_OF_JOBS`
-        (at most ``DRAIN_LIMIT`` seconds), then disconnect."""
-        assert self.backend is not None
-        drain(self.jobs.recv, self.jobs, self._keep_job, quiet=DRAIN_LIMIT, limit=DRAIN_LIMIT, pause=gevent.sleep,
-              done=lambda: self._jobs_ended)
-        if not self._jobs_ended:
-            log.warning("stopping: no end of jobs from the supervisor within %.0f s; it counts the jobs "
-                        "it sent here that were not read as lost", DRAIN_LIMIT)
-        self.jobs.disconnect(self.backend[0])
-
-    def _keep_job(self, frame: bytes) -> None:
-        if frame == END_OF_JOBS:
-            self._jobs_ended = True
-        else:
-            self._jobs_read += 1
-            self._backlog.append(frame)
 
     def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
@@ -716,8 +569,7 @@ class Worker:
         # or WorkerShutdown errors) a moment to be read first.
         gevent.sleep(max(0.0, self._replied_at + REPLY_DRAIN - time.monotonic()))
         gevent.killall(self._receivers[1:])
-        if not self.backend:
-            self.rpc.disable_monitor()
+        self.intake.unwatch(self.rpc)
         self.rpc.close(linger=1000)
         log.info("stopped taking calls")
 
@@ -778,12 +630,7 @@ class Worker:
           stopped; then only ``pid`` and ``state`` are meaningful);
         - ``unreachable``: how many children did not answer.
         """
-        if not self.backend:
-            return self.local_stats()
-        directory = fleet.admin_dir(self.backend)
-        assert self._context is not None
-        reports = fleet.gather(self._context, directory, self._report())
-        return fleet.merge(reports, fleet.read_supervisor_file(directory))
+        return self.intake.stats(self.local_stats, self._report)
 
     def _report(self) -> dict[str, Any]:
         return {"stats": self.local_stats(), "samples": self.runner.durations.samples()}
@@ -832,7 +679,7 @@ class Worker:
             "tasks": self.registry.names(),
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
-            **self.connections,
+            **self.intake.connections,
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],
             "queues": {queue.name: queue.stats() for queue in self.queues},
