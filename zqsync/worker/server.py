@@ -261,13 +261,23 @@ class Worker:
         0, or :data:`~zqsync.worker.watchdog.KILLED_EXIT` if the stop killed tasks.
 
         Blocks the calling greenlet. Installs SIGTERM, SIGINT and SIGQUIT handlers (Python-level,
-        in the main thread: call it there).
+        in the main thread: call it there), and starts the watchdog (``watchdog.py``).
         """
-        if self.endpoint is None:
-            self.bind()
         for signum in STOP_SIGNALS:
             original_signal(signum, self._on_signal)
         self.watchdog.start()
+        return self.run()
+
+    def run(self) -> int:
+        """Bind (if not yet bound), serve until :meth:`stop` (or a stop signal :meth:`serve` handles),
+        shut down; returns the exit status as :meth:`serve` does.
+
+        Blocks the calling greenlet; runs in any thread with a gevent hub of its own (the in-process
+        worker of ``zqsync.testing``). By itself it installs no signal handler and starts no watchdog
+        thread: time limits then hold for tasks that yield (``gevent.Timeout``), not for those that block the hub.
+        """
+        if self.endpoint is None:
+            self.bind()
         self.scheduler.start()
         self._readers = (Reader(self.jobs), Reader(self.rpc))
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
@@ -288,6 +298,11 @@ class Worker:
         self.shutdown(warm=self._warm())
         killed = self.runner.counters["tasks_killed_on_stop"]
         return KILLED_EXIT if killed else 0
+
+    def stop(self, *, warm: bool = True) -> None:
+        """Ask the worker to stop, as a TERM (``warm``) or QUIT signal would; returns at once.
+        Safe to call from any thread (the serving greenlet acts on it within ``SIGNAL_POLL`` seconds)."""
+        self._on_signal(signal.SIGTERM if warm else signal.SIGQUIT)
 
     def _warm(self) -> bool:
         return len(self._signals) < 2 and not any(signum in COLD_SIGNALS for signum in self._signals)
