@@ -17,6 +17,7 @@ condition is checked in the worker's hub each time that hub is about to wait for
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import gevent
@@ -44,6 +45,8 @@ class InProcessWorker:
         self.worker: Any = None
         #: The worker's base endpoint (jobs on its port, rpc on the next), once started.
         self.endpoint = ""
+        #: The process that runs it: this one.
+        self.pid = os.getpid()
         #: The exit status :meth:`~zqsync.worker.server.Worker.run` returned, once stopped.
         self.status: Optional[int] = None
         self._failure: Optional[BaseException] = None
