@@ -44,6 +44,7 @@ from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
 
 log = logging.getLogger(__name__)
 
+
 Report = Callable[[], dict[str, Any]]
 Keep = Callable[[bytes], None]
 
