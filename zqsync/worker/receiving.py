@@ -104,9 +104,9 @@ class Receiving(Core):
         return run_inline(self._slots, hand_off, fn, *args)
 
     def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
-        """Start or answer one rpc message. Returns the credit it used (``dispatch.py``) if its start is
-        already under way, ``None`` if none (a standalone worker, the worker's own calls) or if
-        :meth:`_start_call` reports the start itself."""
+        """Start or answer one rpc message. Returns the kind of credit it used (``dispatch.py``; a standalone
+        intake ignores it) if its start is already under way, ``None`` if none (the worker's own calls) or
+        if :meth:`_start_call` or a hand-off reports the start itself."""
         kind = SLOT if isinstance(decoded, bytes) else kind_of(decoded[0].kind, decoded[0].task)
         if isinstance(decoded, bytes):
             self._reply(envelope, decoded)
