@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import threading
 
+import gevent
 import pytest
 import zmq
 
@@ -14,6 +15,7 @@ from tests.helpers import wait_for
 from zqsync.demo.tasks import registry as demo_registry
 from zqsync.wire import envelope
 from zqsync.wire.endpoints import split_endpoint
+from zqsync.worker import Registry
 
 
 @pytest.fixture
@@ -57,19 +59,22 @@ def test_unknown_task_job_is_counted_and_logged(demo, caplog):
     assert "unknown task 'no_such_task'" in caplog.text
 
 
-def test_time_limit_interrupts_a_long_task(zq_worker, tmp_path):
-    module = tmp_path / "limited_tasks.py"
-    module.write_text(
-        "import time\nfrom zqsync.worker import Registry\nregistry = Registry()\n"
-        "@registry.task(time_limit=0.2)\ndef slow():\n    time.sleep(30)\n"
-    )
-    worker = zq_worker("limited_tasks:registry", cwd=str(tmp_path))
+limited = Registry()
+
+
+@limited.task(time_limit=0.2)
+def slow() -> None:
+    gevent.sleep(30)  # what time.sleep is in a monkey-patched worker
+
+
+def test_time_limit_interrupts_a_long_task(zq_inprocess):
+    worker = zq_inprocess(limited)
     with zqsync.Client(worker.endpoint, call_timeout=20.0) as client:
         with pytest.raises(zqsync.RemoteError) as caught:
             client.call("slow")
+        assert client.call("zqsync.stats")["timed_out"] == 1
     assert caught.value.remote_type == "TimeLimitExceeded"
     assert "0.2" in caught.value.remote_message
-    assert worker.stats()["timed_out"] == 1
 
 
 def test_malformed_call_gets_an_error_reply_and_worker_keeps_serving(demo):

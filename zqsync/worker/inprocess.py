@@ -97,7 +97,7 @@ class InProcessWorker:
 
     def wait(self, condition: Condition, timeout: float = 30.0) -> dict[str, int]:
         """Block until ``condition(counters)`` holds for the worker's counters (``zqsync.stats``'
-        counters: ``jobs_succeeded``, ``jobs_retried``, ...); returns a copy of them then.
+        counters: ``jobs_succeeded``, ``jobs_retried``, ...); returns a copy of them, taken once it held.
 
         :raises TimeoutError: it did not hold within ``timeout`` seconds (the counters are in the message).
         """
@@ -105,9 +105,7 @@ class InProcessWorker:
         done.acquire()
         self._waiters.append((condition, done))
         self._wake.send()
-        if not done.acquire(timeout=timeout):
-            if (condition, done) in self._waiters:
-                self._waiters.remove((condition, done))
+        if not done.acquire(timeout=timeout) and self._forget((condition, done)):
             raise TimeoutError(f"not within {timeout} s; the worker's counters: {dict(self.worker.runner.counters)}")
         return dict(self.worker.runner.counters)
 
@@ -119,9 +117,16 @@ class InProcessWorker:
     def _check(self) -> None:
         """In the worker's hub: release the waiters whose condition holds."""
         for waiter in list(self._waiters):
-            if waiter[0](self.worker.runner.counters):
-                self._waiters.remove(waiter)
+            if waiter[0](self.worker.runner.counters) and self._forget(waiter):
                 waiter[1].release()
+
+    def _forget(self, waiter: tuple[Condition, Any]) -> bool:
+        """Take ``waiter`` off the list; ``False`` if the other thread already did (it holds, or it timed out)."""
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            return False
+        return True
 
     def stop(self, *, warm: bool = True, timeout: float = 30.0) -> Optional[int]:
         """Stop the worker (as TERM, or QUIT if not ``warm``) and wait for its thread; returns its exit status.
