@@ -56,7 +56,6 @@ class Core:
         ready_file: Optional[str] = None,
         parent_pid: Optional[int] = None,
         backend: Optional[tuple[str, str]] = None,
-        intake: Optional[Intake] = None,
         **overrides: Any,
     ) -> None:
         self.settings = (settings or WorkerSettings()).replace(**overrides)
@@ -69,7 +68,7 @@ class Core:
         self.hwm = self.settings.hwm
         self.parent_pid = parent_pid
         self.curve_secret_key = self.settings.curve_secret_key
-        self.intake = intake or intake_for(self.settings, backend, ready_file)
+        self.intake: Intake = intake_for(self.settings, backend, ready_file)
         self.endpoint: Optional[str] = None
         self.watchdog = Watchdog(hard_grace=self.settings.hard_grace)
         self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},

@@ -60,7 +60,6 @@ class Worker(Receiving, Shutdown):
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
         binding (set by the prefork supervisor): the worker's intake is then a
         :class:`~zqsync.worker.intake.SupervisedIntake`, else a :class:`~zqsync.worker.intake.StandaloneIntake`.
-    :param intake: how work reaches the worker (``intake.py``), instead of the one ``backend`` chooses.
     :param overrides: :class:`~zqsync.settings.WorkerSettings` fields that
         replace those of ``settings`` (``Worker(registry, concurrency=4)``).
     :raises ConfigurationError: an unknown or invalid setting, naming it.
