@@ -221,7 +221,7 @@ def pooled_identities(worker: WorkerProcess) -> set[str]:
 
 def measure_concurrency(env: Env, worker: WorkerProcess, settings: Settings) -> list[Row]:
     """Many greenlets at once: pooled client against a green DEALER per call."""
-    from zqsync.worker.server import MAX_IDENTITIES
+    from zqsync.worker.receiving import MAX_IDENTITIES
 
     known = pooled_identities(worker)
     walls: dict[str, list[float]] = {"pooled": [], "per-call": []}

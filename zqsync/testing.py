@@ -8,6 +8,13 @@ Fixtures
     is SIGKILLed with its process group (a test of the warm shutdown calls
     ``worker.stop()`` itself).
 
+    ``zq_inprocess``: a factory; ``zq_inprocess(registry, **settings)`` serves
+    ``registry`` with the real worker core in a thread of the test process and
+    returns a started :class:`~zqsync.worker.inprocess.InProcessWorker`
+    (``.endpoint``, ``.wait(condition)``, ``.join(finished)``, ``.stop()``): for
+    tests of task semantics (retries, time limits of tasks that yield, hooks,
+    results, cancel) with no subprocess and no polling. Each is stopped at teardown.
+
     ``zq_peer``: a worker serving :data:`peer_registry`, whose tasks answer at
     once (``echo``), late (``delay``) or never (``drop``), and which records the
     ZMQ identity of every socket that calls it (``.identities()``).
@@ -37,7 +44,7 @@ from .errors import ForkFailed
 from .processes import WorkerProcess
 from .worker.registry import Registry
 
-__all__ = ["ForkFailed", "eager", "peer_registry", "run_in_fork", "zq_peer", "zq_worker"]
+__all__ = ["ForkFailed", "eager", "peer_registry", "run_in_fork", "zq_inprocess", "zq_peer", "zq_worker"]
 
 peer_registry = Registry()
 
@@ -139,6 +146,23 @@ def zq_worker() -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:  # a test that checks the warm shutdown calls worker.stop() itself
         worker.kill()
+
+
+@pytest.fixture
+def zq_inprocess() -> Iterator[Callable[..., Any]]:
+    """Factory fixture: ``zq_inprocess(registry, **WorkerSettings fields)`` -> a started ``InProcessWorker``."""
+    from .worker.inprocess import InProcessWorker  # the worker's modules, only for the tests that use one
+
+    started: list[InProcessWorker] = []
+
+    def start(registry: Registry, **settings: Any) -> InProcessWorker:
+        worker = InProcessWorker(registry, **settings)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
 
 
 @pytest.fixture

@@ -1,5 +1,9 @@
-"""Cancel with real workers: a delayed job never runs, a running task is interrupted where it yields
-and recorded cancelled, a finished job is left alone; and the same from ``zqsync jobs cancel``."""
+"""Cancel: a delayed job never runs, a running task is interrupted where it yields and recorded
+cancelled, a finished job is left alone; and the same from ``zqsync jobs cancel``.
+
+The worker core runs in-process (``zq_inprocess``); the tests wait on its counters. A kept plain job's
+skipped retry, seen only in the worker's log, is watched on a worker process.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 
 import zqsync
 from tests.helpers import slack, wait_for
+from tests.integration import job_tasks
 
 TASKS = "tests.integration.job_tasks:registry"
 
@@ -25,8 +30,13 @@ def jobs_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def journaled(zq_worker, tmp_path):
-    return zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state")])
+def journaled(zq_inprocess, tmp_path):
+    return zq_inprocess(job_tasks.registry, state_dir=str(tmp_path / "state"))
+
+
+def running(counters) -> bool:
+    """A task has started (it has yielded: what it did before its first yield is done)."""
+    return counters["in_flight"] == 1
 
 
 @pytest.mark.timeout(60)
@@ -45,13 +55,14 @@ def test_a_cancelled_delayed_job_never_runs(journaled, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_running_task_is_interrupted_and_recorded_cancelled_and_the_worker_goes_on(zq_worker, tmp_path):
+def test_a_running_task_is_interrupted_and_recorded_cancelled_and_the_worker_goes_on(zq_inprocess, tmp_path):
     # One task slot, held by the task: the cancel (an admin call) must not wait for a slot.
-    journaled = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state")], concurrency=1)
+    journaled = zq_inprocess(job_tasks.registry, state_dir=str(tmp_path / "state"), concurrency=1)
     out = tmp_path / "out"
     with zqsync.Client(journaled.endpoint) as client:
         job_id = client.enqueue_with_options("slow", args=(str(out), "long", 30.0), confirm=True)
-        wait_for(lambda: lines(out) == ["start long"], what="the task to start")
+        journaled.wait(running)
+        assert lines(out) == ["start long"]
         started = time.monotonic()
         status = client.cancel(job_id)
         assert time.monotonic() - started < slack(5)
@@ -59,7 +70,7 @@ def test_a_running_task_is_interrupted_and_recorded_cancelled_and_the_worker_goe
         with pytest.raises(zqsync.JobCancelled):
             client.result(job_id, timeout=slack(5))
         assert client.call("add", 1, 2) == 3
-    assert journaled.stats()["jobs_cancelled"] == 1
+        assert client.call("zqsync.stats")["jobs_cancelled"] == 1
     time.sleep(0.5)
     assert lines(out) == ["start long"], "the rest of the task never ran"
 
@@ -79,15 +90,15 @@ def test_the_cli_cancels_a_delayed_job_in_the_journal_and_a_running_one_over_rpc
     state, out = tmp_path / "state", tmp_path / "out"
     with zqsync.Client(journaled.endpoint) as client:
         delayed = client.enqueue_with_options("stamp", args=(str(out), "x"), delay=60.0)
-        running = client.enqueue_with_options("slow", args=(str(out), "long", 30.0), confirm=True)
-        wait_for(lambda: "start long" in lines(out), what="the task to start")
+        running_id = client.enqueue_with_options("slow", args=(str(out), "long", 30.0), confirm=True)
+        journaled.wait(running)
         local = jobs_cli(delayed, "--state-dir", str(state))
         assert local.returncode == 0 and "cancelled 1 job(s)" in local.stdout, local.stderr
-        refused = jobs_cli(running, "--state-dir", str(state))
+        refused = jobs_cli(running_id, "--state-dir", str(state))
         assert refused.returncode == 1 and "use --endpoint" in refused.stdout
-        remote = jobs_cli(running, "--endpoint", journaled.endpoint)
-        assert remote.returncode == 0 and f"{running}: cancelled" in remote.stdout, remote.stderr
-        assert [client.job(job_id).state for job_id in (delayed, running)] == ["cancelled", "cancelled"]
+        remote = jobs_cli(running_id, "--endpoint", journaled.endpoint)
+        assert remote.returncode == 0 and f"{running_id}: cancelled" in remote.stdout, remote.stderr
+        assert [client.job(job_id).state for job_id in (delayed, running_id)] == ["cancelled", "cancelled"]
     assert lines(out) == ["start long"]
 
 
@@ -96,7 +107,8 @@ def test_a_job_cancelled_while_it_waits_for_a_retry_is_not_retried(journaled, tm
     out, marks = tmp_path / "out", tmp_path / "marks"
     with zqsync.Client(journaled.endpoint) as client:
         job_id = client.enqueue_with_options("failing", args=(str(out), "f"), confirm=True)
-        wait_for(lambda: client.job(job_id).state == "scheduled", what="the first attempt to fail")
+        journaled.wait(lambda counters: counters["jobs_retried"] == 1)  # the first attempt failed
+        assert client.job(job_id).state == "scheduled"
         assert client.cancel(job_id).state == "cancelled"
         marker = client.enqueue_with_options("stamp", args=(str(marks), "m"), delay=2.0)  # past the 1 s backoff
         assert client.result(marker, timeout=slack(20)) == "m"

@@ -1,4 +1,7 @@
-"""Confirmed enqueue: journaled before the ack, at least once, idempotent by job id, retries, dead letters."""
+"""Confirmed enqueue: journaled before the ack, at least once, idempotent by job id, retries, dead letters.
+
+The worker core runs in-process (``zq_inprocess``), and the tests wait on its counters.
+"""
 
 from __future__ import annotations
 
@@ -10,38 +13,39 @@ import time
 import pytest
 
 import zqsync
-from tests.helpers import slack, wait_for
-
-TASKS = "tests.integration.journal_tasks:registry"
+from tests.helpers import slack
+from tests.integration import journal_tasks
+from zqsync.demo.tasks import registry as demo_registry
 
 
 def lines(path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_confirmed_job_runs_and_is_acknowledged_once_journaled(zq_worker, tmp_path):
-    worker = zq_worker(extra_args=["--state-dir", str(tmp_path / "state")])
+def test_confirmed_job_runs_and_is_acknowledged_once_journaled(zq_inprocess, tmp_path):
+    worker = zq_inprocess(demo_registry, state_dir=str(tmp_path / "state"))
     target = tmp_path / "out.txt"
     with zqsync.Client(worker.endpoint) as client:
         job_id = client.enqueue_with_options("record", args=(str(target), "durable"), confirm=True)
         assert client.stats()["confirmed"] == 1
-    wait_for(lambda: lines(target) == ["durable"], what="the confirmed job to run")
+    worker.join(1)
+    assert lines(target) == ["durable"]
     assert len(job_id) == 32
 
 
-def test_duplicate_job_id_is_acknowledged_but_not_run_twice(zq_worker, tmp_path):
-    worker = zq_worker(extra_args=["--state-dir", str(tmp_path / "state")])
+def test_duplicate_job_id_is_acknowledged_but_not_run_twice(zq_inprocess, tmp_path):
+    worker = zq_inprocess(demo_registry, state_dir=str(tmp_path / "state"))
     target = tmp_path / "out.txt"
     with zqsync.Client(worker.endpoint) as client:
-        for _ in range(3):
+        for _ in range(3):  # each acknowledged: the duplicates once journaled as such
             client.enqueue_with_options("record", args=(str(target), "once"), confirm=True, job_id="job-42")
-    wait_for(lambda: worker.stats()["confirmed_duplicates"] == 2, what="two duplicates to be counted")
-    time.sleep(0.3)
+    counters = worker.join(1)
+    assert (counters["confirmed_accepted"], counters["confirmed_duplicates"]) == (1, 2)
     assert lines(target) == ["once"]
 
 
-def test_worker_without_state_dir_refuses_confirmed_jobs_and_says_how_to_enable_them(zq_worker):
-    worker = zq_worker()
+def test_worker_without_state_dir_refuses_confirmed_jobs_and_says_how_to_enable_them(zq_inprocess):
+    worker = zq_inprocess(demo_registry)
     with zqsync.Client(worker.endpoint) as client:
         with pytest.raises(zqsync.RemoteError) as caught:
             client.enqueue_with_options("add", args=(1, 2), confirm=True)
@@ -49,8 +53,8 @@ def test_worker_without_state_dir_refuses_confirmed_jobs_and_says_how_to_enable_
     assert "--state-dir" in caught.value.remote_message
 
 
-def test_confirmed_job_for_an_unknown_task_is_refused_not_journaled(zq_worker, tmp_path):
-    worker = zq_worker(extra_args=["--state-dir", str(tmp_path / "state")])
+def test_confirmed_job_for_an_unknown_task_is_refused_not_journaled(zq_inprocess, tmp_path):
+    worker = zq_inprocess(demo_registry, state_dir=str(tmp_path / "state"))
     with zqsync.Client(worker.endpoint) as client:
         with pytest.raises(zqsync.UnknownTask):
             client.enqueue_with_options("nope", confirm=True)
@@ -67,24 +71,24 @@ def test_no_worker_raises_unconfirmed_after_retrying_until_the_deadline():
     assert 0.5 <= elapsed < slack(5.0)
 
 
-def test_failed_job_is_retried_with_backoff_until_it_succeeds(zq_worker, tmp_path):
-    worker = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "s")])
-    target = tmp_path / "flaky.txt"
+def test_failed_job_is_retried_with_backoff_until_it_succeeds(zq_inprocess, tmp_path):
+    worker = zq_inprocess(journal_tasks.registry, state_dir=str(tmp_path / "s"))
+    target, key = tmp_path / "flaky.txt", tmp_path.name  # its attempts are counted per key in this process
     with zqsync.Client(worker.endpoint) as client:
-        client.enqueue_with_options("flaky", args=(str(target), "k"), confirm=True)
-    wait_for(lambda: len(lines(target)) == 3, what="three attempts")
-    assert lines(target) == ["k attempt 1", "k attempt 2", "k attempt 3"]
-    stats = wait_for(lambda: (s := worker.stats())["jobs_succeeded"] == 1 and s, what="the success to be counted")
-    assert stats["jobs_retried"] == 2
+        client.enqueue_with_options("flaky", args=(str(target), key), confirm=True)
+    counters = worker.join(1)
+    assert lines(target) == [f"{key} attempt 1", f"{key} attempt 2", f"{key} attempt 3"]
+    assert (counters["jobs_succeeded"], counters["jobs_retried"]) == (1, 2)
 
 
-def test_job_that_exhausts_its_retries_is_dead_lettered_and_listed(zq_worker, tmp_path):
+def test_job_that_exhausts_its_retries_is_dead_lettered_and_listed(zq_inprocess, tmp_path):
     state = tmp_path / "s"
-    worker = zq_worker(TASKS, extra_args=["--state-dir", str(state)])
+    worker = zq_inprocess(journal_tasks.registry, state_dir=str(state))
     target = tmp_path / "doomed.txt"
     with zqsync.Client(worker.endpoint) as client:
         job_id = client.enqueue_with_options("doomed", args=(str(target),), confirm=True)
-    wait_for(lambda: worker.stats()["jobs_dead"] == 1, what="the job to be dead-lettered")
+    worker.wait(lambda counters: counters["jobs_dead"] == 1)
+    worker.stop()  # its outcome is in the journal the command reads
     assert lines(target) == ["doomed", "doomed"]  # first attempt + one retry
     listed = subprocess.run([sys.executable, "-m", "zqsync", "jobs", "--state-dir", str(state), "--json"],
                             capture_output=True, text=True, timeout=60)

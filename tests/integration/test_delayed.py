@@ -11,6 +11,7 @@ import pytest
 
 import zqsync
 from tests.helpers import slack, wait_for
+from tests.integration import job_tasks
 
 TASKS = "tests.integration.job_tasks:registry"
 
@@ -22,8 +23,8 @@ def stamps(path) -> list[tuple[str, float]]:
 
 
 @pytest.mark.timeout(60)
-def test_delayed_jobs_run_at_or_after_their_due_time_in_due_order(zq_worker, tmp_path):
-    worker = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state")])
+def test_delayed_jobs_run_at_or_after_their_due_time_in_due_order(zq_inprocess, tmp_path):
+    worker = zq_inprocess(job_tasks.registry, state_dir=str(tmp_path / "state"))
     out = tmp_path / "out"
     with zqsync.Client(worker.endpoint) as client:
         now = time.time()

@@ -1,5 +1,9 @@
-"""Job handles with real workers: client.job and client.result for confirmed jobs (the journal) and
-plain jobs kept on request (the worker's memory), found on whichever worker holds them."""
+"""Job handles: client.job and client.result for confirmed jobs (the journal) and plain jobs kept on
+request (the worker's memory), found on whichever worker holds them.
+
+One worker's answers come from the in-process worker core (``zq_inprocess``); finding a job on
+another worker, and a stop under a long-poll, take worker processes.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 
 import zqsync
 from tests.helpers import slack, wait_for
+from tests.integration import job_tasks
 from zqsync.client.rendezvous import rank
 from zqsync.wire.endpoints import split_endpoint
 
@@ -20,8 +25,8 @@ TASKS = "tests.integration.job_tasks:registry"
 
 
 @pytest.fixture
-def journaled(zq_worker, tmp_path):
-    return zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state")])
+def journaled(zq_inprocess, tmp_path):
+    return zq_inprocess(job_tasks.registry, state_dir=str(tmp_path / "state"))
 
 
 @pytest.mark.timeout(60)
@@ -54,7 +59,7 @@ def test_result_waits_on_a_long_poll_and_answers_when_the_job_finishes(journaled
     out = tmp_path / "out"
     with zqsync.Client(journaled.endpoint) as client:
         job_id = client.enqueue_with_options("slow", args=(str(out), "b", 2.0), confirm=True)
-        wait_for(lambda: out.exists(), what="the job to start")
+        journaled.wait(lambda counters: counters["in_flight"] == 1)  # it started
         with pytest.raises(zqsync.CallTimeout):
             client.result(job_id, timeout=0.5)
         requests: list[str] = []
@@ -71,7 +76,7 @@ def test_result_waits_on_a_long_poll_and_answers_when_the_job_finishes(journaled
 def test_an_unknown_id_and_a_plain_job_not_kept_are_unknown(journaled, tmp_path):
     with zqsync.Client(journaled.endpoint) as client:
         plain = client.enqueue("stamp", str(tmp_path / "out"), "p")
-        wait_for(lambda: (tmp_path / "out").exists(), what="the plain job to run")
+        journaled.join(1)  # it ran
         for job_id in (plain, "never-sent"):
             status = client.job(job_id)
             assert (status.state, status.worker, status.unanswered, status.finished) == ("unknown", None, (), False)

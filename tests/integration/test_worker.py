@@ -1,21 +1,30 @@
-"""The worker runtime against real worker processes: results, errors, limits, shutdown."""
+"""The worker runtime: results and errors (on the in-process worker core, ``zq_inprocess``), limits
+and shutdown (against real worker processes: the watchdog, signals, a parent that dies)."""
 
 from __future__ import annotations
 
 import signal
 import threading
 
+import gevent
 import pytest
 import zmq
 
 import zqsync
 from tests.helpers import wait_for
+from zqsync.demo.tasks import registry as demo_registry
 from zqsync.wire import envelope
 from zqsync.wire.endpoints import split_endpoint
+from zqsync.worker import Registry
 
 
-def test_remote_error_carries_type_message_and_traceback(zq_worker):
-    worker = zq_worker()
+@pytest.fixture
+def demo(zq_inprocess):
+    return zq_inprocess(demo_registry)
+
+
+def test_remote_error_carries_type_message_and_traceback(demo):
+    worker = demo
     with zqsync.Client(worker.endpoint) as client:
         with pytest.raises(zqsync.RemoteError) as caught:
             client.call("fail", "disk full")
@@ -25,8 +34,8 @@ def test_remote_error_carries_type_message_and_traceback(zq_worker):
     assert "Remote traceback" in str(caught.value)
 
 
-def test_failing_task_leaves_the_worker_serving(zq_worker):
-    worker = zq_worker()
+def test_failing_task_leaves_the_worker_serving(demo):
+    worker = demo
     with zqsync.Client(worker.endpoint) as client:
         for _ in range(3):
             with pytest.raises(zqsync.RemoteError):
@@ -34,8 +43,8 @@ def test_failing_task_leaves_the_worker_serving(zq_worker):
         assert client.call("add", 1, 1) == 2
 
 
-def test_unknown_task_call_gets_a_clear_error_naming_the_known_tasks(zq_worker):
-    worker = zq_worker()
+def test_unknown_task_call_gets_a_clear_error_naming_the_known_tasks(demo):
+    worker = demo
     with zqsync.Client(worker.endpoint) as client:
         with pytest.raises(zqsync.UnknownTask) as caught:
             client.call("no_such_task")
@@ -43,31 +52,33 @@ def test_unknown_task_call_gets_a_clear_error_naming_the_known_tasks(zq_worker):
     assert "add" in caught.value.remote_message
 
 
-def test_unknown_task_job_is_counted_and_logged(zq_worker):
-    worker = zq_worker()
-    with zqsync.Client(worker.endpoint) as client:
+def test_unknown_task_job_is_counted_and_logged(demo, caplog):
+    with zqsync.Client(demo.endpoint) as client:
         client.enqueue("no_such_task", 1)
-    wait_for(lambda: worker.stats()["unknown_task"] == 1, what="the unknown job to be counted")
-    wait_for(lambda: "unknown task 'no_such_task'" in worker.output(), what="the log line")
+    demo.wait(lambda counters: counters["unknown_task"] == 1)
+    assert "unknown task 'no_such_task'" in caplog.text
 
 
-def test_time_limit_interrupts_a_long_task(zq_worker, tmp_path):
-    module = tmp_path / "limited_tasks.py"
-    module.write_text(
-        "import time\nfrom zqsync.worker import Registry\nregistry = Registry()\n"
-        "@registry.task(time_limit=0.2)\ndef slow():\n    time.sleep(30)\n"
-    )
-    worker = zq_worker("limited_tasks:registry", cwd=str(tmp_path))
+limited = Registry()
+
+
+@limited.task(time_limit=0.2)
+def slow() -> None:
+    gevent.sleep(30)  # what time.sleep is in a monkey-patched worker
+
+
+def test_time_limit_interrupts_a_long_task(zq_inprocess):
+    worker = zq_inprocess(limited)
     with zqsync.Client(worker.endpoint, call_timeout=20.0) as client:
         with pytest.raises(zqsync.RemoteError) as caught:
             client.call("slow")
+        assert client.call("zqsync.stats")["timed_out"] == 1
     assert caught.value.remote_type == "TimeLimitExceeded"
     assert "0.2" in caught.value.remote_message
-    assert worker.stats()["timed_out"] == 1
 
 
-def test_malformed_call_gets_an_error_reply_and_worker_keeps_serving(zq_worker):
-    worker = zq_worker()
+def test_malformed_call_gets_an_error_reply_and_worker_keeps_serving(demo):
+    worker = demo
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
     try:

@@ -4,121 +4,38 @@ Receiving a job waits for a free slot in the task pool (``gevent.pool.Pool``),
 so a busy worker stops draining its jobs socket, the high-water mark fills,
 and the clients' congestion control sees it.
 
-Both receivers read at C level and drain their socket before waiting on
-it, and run a job or call inline, in the receiving greenlet, when a slot
-is free (no greenlet spawn when it finishes without yielding); a task that
-yields hands receiving over to a new greenlet (``inline.py``). A call that
-finds every slot taken waits for one in a greenlet of its own, as below.
+How work reaches the worker is its *intake* (``intake.py``), chosen once: standalone, the worker
+binds both sockets; as a child of a prefork supervisor (``supervisor.py``) it connects them to its
+private backends and asks for work with credits (``dispatch.py``). The receive loops
+(``receiving.py``) and the stop sequence (``shutdown.py``) do not know which.
 
-Standalone, the worker binds both sockets. As a child of a prefork
-supervisor (``supervisor.py``) it connects them to its private backends
-instead (rpc requests then carry the supervisor's routing id in front of
-the client's), and asks for work: one credit when a slot is free
-(``dispatch.py``).
-
-The worker's own ``zqsync.*`` calls (ping, stats) never wait for a task
-slot: they run in a greenlet of their own as soon as they are read. Calls
-that wait for a slot wait in greenlets too (at most :data:`WAITING_CALLS`),
-so the rpc socket keeps being read, and a ping answers while the pool is full.
-Confirmed jobs past :data:`~zqsync.worker.admission.ADMISSIONS` in flight are held unacknowledged
-(``admission.py``), so a full confirm backlog does not stop the reading either.
-
-Shutdown (gunicorn's arbiter model): signal handlers only record the signal;
-the main greenlet acts on it. They are Python-level handlers, not gevent's:
-Python runs them between two bytecodes even while a task blocks the hub,
-and the watchdog's native thread (``watchdog.py``) then kills that task at
-the end of the grace period (at once for a cold stop), so a stop never
-waits on a task. TERM/INT is warm, in this order:
-
-1. Take no more jobs. Standalone, the worker sends a stopping notice to
-   every client that sent on its jobs (ROUTER) socket and keeps reading;
-   those clients flush and close that socket and send to their other
-   workers (``stopping.py``, ``client/notices.py``). Once no job has come
-   for ``DRAIN_QUIET`` seconds the endpoint is unbound.
-   Under a supervisor, the child reads its backend queue up to the router's
-   end-of-jobs mark (sent after the last job routed to it), disconnects, and
-   writes how many jobs it read for the supervisor's count (``dispatch.py``).
-2. Drain: the jobs already in the socket's queue stay readable after the
-   unbind (measured: all of a full 1000-message queue, even seconds later,
-   whatever the linger) and are read into memory.
-3. Run them, and finish in-flight tasks, within ``graceful_timeout``; jobs
-   still not started then are counted (``jobs_discarded_on_stop``) and
-   logged: ``discarded N queued plain jobs on shutdown``. So are pending
-   in-memory retries of plain jobs (the scheduler logs their ids). Tasks
-   still running then are killed, and counted (``killed N of M task(s)``:
-   those that finished before the kill reached them ran, and are not).
-   A receiver that reads a job while the stop is under way keeps it in the
-   backlog; one that runs a task inline is left to finish it.
-4. Calls: in-flight calls are answered; calls that arrive meanwhile are
-   refused at once with a ``WorkerStopping`` error (not run, safe to retry
-   elsewhere), and confirmed jobs are not acknowledged (their clients send
-   them again). The rpc socket closes once the in-flight calls are answered.
-
-Residual window, honestly: a job sent in the instant of the unbind by a
-client that has not looked for the notice yet (it looks every 16 sends) is
-lost uncounted. Before the notice, what the client's queue and both kernels'
-buffers held was lost (24,409-35,000 jobs behind a busy worker; the
-scenario is ``tests/integration/test_stop_notice.py``). Confirmed jobs have no such window.
-
-A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
-tasks are killed (confirmed ones stay pending in the journal and run after
-the next start), calls still waiting for a slot are refused (``WorkerStopping``),
-and queued plain jobs are discarded with a count. A worker that killed
-tasks exits with status :data:`~zqsync.worker.watchdog.KILLED_EXIT` (1), and counts
-them (``tasks_killed_on_stop``).
+Signals (gunicorn's arbiter model): :meth:`Worker.serve` installs handlers that only record the
+signal; the main greenlet acts on it (``shutdown.py``). :meth:`Worker.run` serves without them, in
+any thread with a hub of its own, until :meth:`Worker.stop` (``zqsync.testing``'s in-process worker).
 """
 
 from __future__ import annotations
 
-import collections
-import logging
 import os
 import signal
 import time
 import weakref
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any
 
 import gevent
-import gevent.event
-import gevent.lock
-import gevent.pool
 import zmq
 import zmq.green
-import zmq.utils.monitor
 
 from .. import _common
-from ..errors import ConfigurationError, ProtocolError, WorkerShutdown, WorkerStopping
-from ..logs import RateLimitedLog
-from ..settings import WorkerSettings
-from ..wire.envelope import encode_error
-from . import fleet
-from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
-from .auth import GeventAuthenticator, curve_state
-from .binding import bind_pair
-from .dispatch import ADMIN, ADMIT, CREDITS_MAX, END_OF_JOBS, SLOT, kind_of
-from .inline import Reader, run_inline
-from .queues import build_queues, yield_to_higher
-from .registry import Registry
-from .runner import Runner
-from .scheduler import build_scheduler
-from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
-from .watchdog import KILLED_EXIT, Watchdog, original_signal
+from .core import log
+from .inline import Reader
+from .receiving import Receiving
+from .shutdown import Shutdown
+from .watchdog import KILLED_EXIT, original_signal
 
-log = logging.getLogger(__name__)
-
-#: Distinct client identities remembered for ``zqsync.stats``.
-MAX_IDENTITIES = 10_000
-#: Seconds a warm shutdown waits after the last task before closing its sockets.
-REPLY_DRAIN = 0.25
-#: Counters of what a stop refused or discarded (``zqsync.stats``).
-STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "tasks_killed_on_stop")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 COLD_SIGNALS = (signal.SIGQUIT,)
-#: Calls waiting for a task slot at once; past it the rpc socket is not read until one starts.
-WAITING_CALLS = 1000
-#: The worker's own ``zqsync.*`` calls answered at once (they need no task slot).
-ADMIN_CALLS = 64
 #: Seconds between two looks of the main greenlet for a recorded stop signal.
 SIGNAL_POLL = 0.05
 
@@ -129,7 +46,7 @@ def _after_fork(worker: "weakref.ReferenceType[Worker]") -> None:
         alive._after_fork_in_child()
 
 
-class Worker:
+class Worker(Receiving, Shutdown):
     """A zqsync worker serving one registry.
 
     :param registry: the tasks to run.
@@ -141,7 +58,8 @@ class Worker:
         longer the worker's parent, i.e. when whoever started it died without
         stopping it. Checked every second.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
-        binding (set by the prefork supervisor).
+        binding (set by the prefork supervisor): the worker's intake is then a
+        :class:`~zqsync.worker.intake.SupervisedIntake`, else a :class:`~zqsync.worker.intake.StandaloneIntake`.
     :param overrides: :class:`~zqsync.settings.WorkerSettings` fields that
         replace those of ``settings`` (``Worker(registry, concurrency=4)``).
     :raises ConfigurationError: an unknown or invalid setting, naming it.
@@ -150,85 +68,16 @@ class Worker:
     first, as gunicorn's gevent worker does.
     """
 
-    def __init__(
-        self,
-        registry: Registry,
-        *,
-        settings: Optional[WorkerSettings] = None,
-        ready_file: Optional[str] = None,
-        parent_pid: Optional[int] = None,
-        backend: Optional[tuple[str, str]] = None,
-        **overrides: Any,
-    ) -> None:
-        self.settings = (settings or WorkerSettings()).replace(**overrides)
-        self.registry = registry
-        self.bind_address = self.settings.bind
-        self.concurrency = self.settings.concurrency
-        self.graceful_timeout = self.settings.graceful_timeout
-        self.ready_file = ready_file
-        self.max_message_size = self.settings.max_message_size
-        self.hwm = self.settings.hwm
-        self.parent_pid = parent_pid
-        self.backend = backend
-        self.curve_secret_key, self.allow_client_keys = self.settings.curve_secret_key, self.settings.allow_client_keys
-        self._authenticator: Any = None
-        self.endpoint: Optional[str] = None
-        self.watchdog = Watchdog(hard_grace=self.settings.hard_grace)
-        self.runner = Runner(registry, builtins={"zqsync.stats": self.stats, "zqsync.ping": lambda: "pong"},
-                             watchdog=self.watchdog, remote_tracebacks=self.settings.remote_tracebacks)
-        self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
-        self.identities: collections.Counter[bytes] = collections.Counter()
-        self.connections: dict[str, int] = {}
-        self.started_at = time.time()
-        self._slots = gevent.pool.Pool(self.concurrency)
-        if backend and self.settings.queues:
-            raise ConfigurationError("named queues need a single worker process (no --processes)", setting="queues")
-        self.queues = build_queues(self.settings.queues, self.concurrency)
-        self._calls = gevent.pool.Group()
-        self._waiting = gevent.pool.Pool(WAITING_CALLS)
-        self._admin = gevent.pool.Pool(ADMIN_CALLS)
-        self._backlog: collections.deque[bytes] = collections.deque()
-        self._stopping = False
-        self._replied_at = 0.0
-        self._admissions = Admissions(ADMISSIONS)
-        self._held = HeldConfirms(HELD_CONFIRMS)
-        self._shed_log = RateLimitedLog(log)
-        self._admitter: Optional[gevent.Greenlet] = None  # admits the held confirms (_admit_held)
-        self.runner.counters["confirms_shed"] = 0
-        self.scheduler = build_scheduler(
-            self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
-            busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
-            keep_dead=self.settings.keep_dead,
-        )
-        self.runner.builtins.update(self.scheduler.book.builtins())
-        self._signals: list[int] = []
-        self._stop_deadline: Optional[float] = None
-        self._greenlets: list[gevent.Greenlet] = []
-        self._receivers: list[gevent.Greenlet] = []
-        self._queue_receivers: list[gevent.Greenlet] = []
-        self._context: Optional[zmq.Context] = None
-        self._sockets: list[zmq.Socket] = []
-        self._envelope = 2 if backend else 1  # frames in front of the body on rpc
-        self._admin_socket: Optional[zmq.Socket] = None
-        self._peers: Optional[Peers] = None  # standalone: who sent on the jobs (ROUTER) socket
-        self._credits: Optional[zmq.Socket] = None
-        # Set when the work of the last slot / admit credit was received and started (dispatch.py).
-        self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
-        self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
-        self._offering: list[gevent.Greenlet] = []
-        self._jobs_read = 0  # under a supervisor: jobs read from the backend (its credit messages say)
-        self._jobs_ended = False  # under a supervisor: END_OF_JOBS was read, the router sends no more
-
     # -- sockets -----------------------------------------------------------
 
     def bind(self) -> str:
-        """Bind (or, under a supervisor, connect) both sockets; returns the base endpoint.
+        """Make both sockets and let the intake bind or connect them; returns the worker's endpoint.
 
         :raises ConfigurationError: malformed bind endpoint.
         :raises zmq.ZMQError: the address is in use or unavailable.
         """
         context = self._context = zmq.green.Context()
-        self.jobs = context.socket(zmq.PULL if self.backend else zmq.ROUTER)
+        self.jobs = context.socket(self.intake.jobs_type)
         self.rpc = context.socket(zmq.ROUTER)
         self._sockets += [self.jobs, self.rpc]
         _common.on_fork_in_child(partial(_after_fork, weakref.ref(self)))
@@ -236,58 +85,11 @@ class Worker:
             sock.setsockopt(zmq.LINGER, 1000)
             sock.setsockopt(zmq.RCVHWM, self.hwm)
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size)
-        if self.backend:
-            self.jobs.connect(self.backend[0])
-            self.rpc.connect(self.backend[1])
-            self._bind_admin(context)
-            self._credits = context.socket(zmq.PUSH)
-            self._credits.connect(f"ipc://{fleet.admin_dir(self.backend)}/credits")
-            self._sockets.append(self._credits)
-            self.endpoint = self.scheduler.book.worker = self.bind_address
-            return self.endpoint
-        if self.allow_client_keys:
-            self._authenticator = GeventAuthenticator(context, self.allow_client_keys)
-            self._authenticator.start()
-        self.endpoint = bind_pair(self.jobs, self.rpc, self.bind_address, curve_secret_key=self.curve_secret_key)
-        self.scheduler.book.worker = self.endpoint
-        self._jobs_endpoint = self.jobs.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._peers = Peers(self.jobs, self._jobs_endpoint)
+        self.endpoint = self.scheduler.book.worker = self.intake.open(context, self.jobs, self.rpc, self._report)
         for queue in self.queues:
             self._sockets.append(queue.bind(context, hwm=self.hwm, max_message_size=self.max_message_size,
                                             curve_secret_key=self.curve_secret_key))
-        self._greenlets += [self._watch_connections(self.jobs, "jobs"), self._watch_connections(self.rpc, "rpc")]
         return self.endpoint
-
-    def _bind_admin(self, context: zmq.Context) -> None:
-        """Under a supervisor: answer siblings gathering the whole worker's stats (``fleet.py``)."""
-        assert self.backend is not None
-        self._admin_socket = context.socket(zmq.ROUTER)
-        self._admin_socket.bind(fleet.admin_endpoint(fleet.admin_dir(self.backend), os.getpid()))
-        self._sockets.append(self._admin_socket)
-        self._greenlets.append(gevent.spawn(fleet.serve_admin, self._admin_socket, self._report))
-
-    def _watch_connections(self, sock: zmq.Socket, name: str) -> gevent.Greenlet:
-        """Count TCP connections accepted and lost per socket: the peer-side view of client
-        socket reuse (few connections) and discard (a disconnection)."""
-        monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        self._sockets.append(monitor)
-        keys: dict[int, str] = {
-            int(zmq.EVENT_ACCEPTED): f"connections_{name}", int(zmq.EVENT_DISCONNECTED): f"disconnections_{name}",
-        }
-        for key in keys.values():
-            self.connections[key] = 0
-
-        def watch() -> None:
-            try:
-                while True:
-                    event = zmq.utils.monitor.recv_monitor_message(monitor)
-                    key = keys.get(event["event"])
-                    if key:
-                        self.connections[key] += 1
-            finally:
-                monitor.close(linger=0)
-
-        return gevent.spawn(watch)
 
     def _after_fork_in_child(self) -> None:
         """A task forked: in the child, nothing may touch the worker's sockets again.
@@ -304,11 +106,11 @@ class Worker:
         for signum in STOP_SIGNALS:
             original_signal(signum, signal.SIG_DFL)
         current = gevent.getcurrent()
-        for sock in self._sockets:
+        for sock in [*self._sockets, *self.intake.sockets]:
             _common.disown(sock)
         _common.orphans.append(self._context)
-        copies = [*self._receivers, *self._greenlets, *self.scheduler.greenlets(), *self.watchdog.greenlets(),
-                  *self._slots.greenlets, *self._calls.greenlets,
+        copies = [*self._receivers, *self._greenlets, *self.intake.greenlets, *self.scheduler.greenlets(),
+                  *self.watchdog.greenlets(), *self._slots.greenlets, *self._calls.greenlets,
                   *self._waiting.greenlets, *self._admin.greenlets,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
@@ -322,13 +124,23 @@ class Worker:
         0, or :data:`~zqsync.worker.watchdog.KILLED_EXIT` if the stop killed tasks.
 
         Blocks the calling greenlet. Installs SIGTERM, SIGINT and SIGQUIT handlers (Python-level,
-        in the main thread: call it there).
+        in the main thread: call it there), and starts the watchdog (``watchdog.py``).
         """
-        if self.endpoint is None:
-            self.bind()
         for signum in STOP_SIGNALS:
             original_signal(signum, self._on_signal)
         self.watchdog.start()
+        return self.run()
+
+    def run(self) -> int:
+        """Bind (if not yet bound), serve until :meth:`stop` (or a stop signal :meth:`serve` handles),
+        shut down; returns the exit status as :meth:`serve` does.
+
+        Blocks the calling greenlet; runs in any thread with a gevent hub of its own (the in-process
+        worker of ``zqsync.testing``). By itself it installs no signal handler and starts no watchdog
+        thread: time limits then hold for tasks that yield (``gevent.Timeout``), not for those that block the hub.
+        """
+        if self.endpoint is None:
+            self.bind()
         self.scheduler.start()
         self._readers = (Reader(self.jobs), Reader(self.rpc))
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
@@ -338,22 +150,22 @@ class Worker:
         self._receivers += self._queue_receivers
         for queue in self.queues:
             log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
-        if self._credits is not None:
-            self._offering = [gevent.spawn(self._offer_work, self._credits, SLOT, self._slots),
-                              gevent.spawn(self._offer_work, self._credits, ADMIT, self._admissions)]
-            self._greenlets += self._offering
+        self.intake.start(self._slots, self._admissions)
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
-        where = (f"behind the supervisor's {self.endpoint}" if self.backend
-                 else f"on {self.endpoint} (rpc on port +1), {curve_state(self._authenticator)}")
         log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
-                 os.getpid(), len(self.registry), where, self.concurrency)
+                 os.getpid(), len(self.registry), self.intake.describe(), self.concurrency)
         self._write_ready_file()
         while not self._signals:
             gevent.sleep(SIGNAL_POLL)
         self.shutdown(warm=self._warm())
         killed = self.runner.counters["tasks_killed_on_stop"]
         return KILLED_EXIT if killed else 0
+
+    def stop(self, *, warm: bool = True) -> None:
+        """Ask the worker to stop, as a TERM (``warm``) or QUIT signal would; returns at once.
+        Safe to call from any thread (the serving greenlet acts on it within ``SIGNAL_POLL`` seconds)."""
+        self._on_signal(signal.SIGTERM if warm else signal.SIGQUIT)
 
     def _warm(self) -> bool:
         return len(self._signals) < 2 and not any(signum in COLD_SIGNALS for signum in self._signals)
@@ -378,462 +190,3 @@ class Worker:
     def _write_ready_file(self) -> None:
         if self.ready_file and self.endpoint:
             _common.write_ready_file(self.ready_file, self.endpoint)
-
-    def _offer_work(self, credits: zmq.Socket, kind: bytes, pool: "gevent.pool.Pool | Admissions") -> None:
-        """Under a supervisor: keep up to :data:`~zqsync.worker.dispatch.CREDITS_MAX` ``kind`` credits
-        (``dispatch.py``) outstanding, never more than ``pool`` has free slots.
-
-        After work of its credits has started, it sends one message that both
-        acknowledges it (the router prefers children that acknowledge promptly)
-        and carries the new credits, possibly none. The receivers count the
-        start right after running or spawning that work, and gevent runs
-        callbacks in order, so the task runs before this greenlet wakes: a task
-        that blocks the hub from its start blocks the acknowledgement too.
-        """
-        assert self.backend is not None
-        name, taken = self.backend[0].encode(), self._taken[kind]
-        outstanding = 0
-        while True:
-            outstanding = max(0, outstanding - self._started[kind])
-            self._started[kind] = 0
-            room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
-            credits.send_multipart([name, kind, b"%d" % room, b"%d" % self._jobs_read])
-            outstanding += room
-            if outstanding:
-                taken.wait()
-                taken.clear()
-            else:
-                pool.wait_available()
-
-    def _receive_jobs(self) -> None:
-        """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
-        inline in this greenlet unless another took the slot meanwhile."""
-        current, reader = gevent.getcurrent(), self._readers[0]
-        while self._receivers[0] is current and not self._stopping:
-            self._slots.wait_available()
-            yield_to_higher(self.queues)  # the named queues rank above the --bind jobs socket
-            if self._peers:
-                frame = self._peers.frame(reader.recv_multipart())
-            else:
-                frame = reader.recv()
-                if frame == END_OF_JOBS:  # the router sends no more (dispatch.py)
-                    self._jobs_ended = True
-                    continue
-                self._jobs_read += 1
-            if self._stopping:  # read while a stop's kill was on its way: the stop runs or counts it
-                self._backlog.append(frame)
-                return
-            if not self._slots.free_count():  # a call took the slot meanwhile
-                self._wait_for_slot(frame)
-            elif not self._inline(0, self.scheduler.run_plain, frame):
-                return
-            self._took(SLOT)
-
-    def _wait_for_slot(self, frame: bytes) -> None:
-        """Run a job once a slot is free; a stop that kills the wait keeps the job in the backlog."""
-        try:
-            self._slots.spawn(self.scheduler.run_plain, frame)
-        except gevent.GreenletExit:
-            self._backlog.append(frame)
-            raise
-
-    def _receive_calls(self) -> None:
-        # A call needs a task slot: with one free (and no call waiting), it runs
-        # inline in this greenlet (inline.py); else it waits for one in a greenlet
-        # of its own (up to WAITING_CALLS of them; past that, receiving stops). The
-        # worker's own calls need no slot and run at once. A confirmed job needs only
-        # to be journaled, so it is admitted without a task slot and without a
-        # greenlet: handed to the journal's writer thread, and acknowledged from the
-        # hub right after its group commit (scheduler.py), up to ADMISSIONS at once
-        # and a backlog bound; the journal, not the task pool, buffers it. Past
-        # ADMISSIONS it is held unacknowledged (admission.py): receiving goes on.
-        # The worker's own zqsync.* calls take no slot either: a long-poll
-        # (zqsync.result) or a cancel must not wait behind the tasks it is about.
-        current, reader = gevent.getcurrent(), self._readers[1]
-        while self._receivers[1] is current:
-            frames = reader.recv_multipart()
-            envelope = frames[: self._envelope]
-            self._note_identity(envelope[-1])
-            decoded = self._decode(frames)
-            self._took(self._receive_call(envelope, decoded))
-
-    def _inline(self, index: int, fn: Any, *args: Any) -> bool:
-        """Run ``fn(*args)`` in receiver ``index`` (0: jobs, 1: rpc), which holds a free slot. If it
-        yields, a new receiver takes over (and, under a supervisor, the slot credit counts as used);
-        returns whether the caller is still the receiver."""
-        current = self._receivers[index]
-
-        def hand_off() -> None:
-            if index:
-                self._calls.add(current)  # an in-flight call: the rpc socket closes after it answers
-            elif self._stopping:  # the stop left this task to finish: it takes no more jobs
-                return
-            self._receivers[index] = gevent.spawn(self._receive_calls if index else self._receive_jobs)
-            self._took(SLOT if self.backend else None)
-
-        return run_inline(self._slots, hand_off, fn, *args)
-
-    def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
-        """Start or answer one rpc message. Returns the credit it used (``dispatch.py``) if its start is
-        already under way, ``None`` if none (a standalone worker, the worker's own calls) or if
-        :meth:`_start_call` reports the start itself."""
-        kind = kind_of(decoded[0].kind, decoded[0].task) if self.backend and not isinstance(decoded, bytes) else SLOT
-        if isinstance(decoded, bytes):
-            self._reply(envelope, decoded)
-        elif self._stopping:
-            self._refuse(envelope, decoded[0])
-        elif decoded[0].kind == "confirm":
-            self._admit(envelope, *decoded)
-        elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
-            self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
-        elif self._slots.free_count() and not len(self._waiting):
-            if not self._inline(1, self._answer, self.runner.answer_call, envelope, *decoded):
-                return None  # handed off: the credit was counted then
-        else:
-            self._waiting.spawn(self._start_call, envelope, *decoded)
-            return None
-        return kind if self.backend and kind != ADMIN else None
-
-    def _admit(self, envelope: list[bytes], request: Any, task: Any) -> None:
-        """Journal a confirmed job now if an admission place is free and none is held before it; else hold
-        it, unacknowledged, for :meth:`_admit_held` (``admission.py``), so the rpc socket keeps being read.
-        Past the hold's bound it is left unacknowledged: its client sends it again."""
-        if not self._held and self._admissions.free_count():
-            self._journal(envelope, request, task)
-        elif not self._held.hold(request.id, (envelope, request, task)):
-            self.runner.counters["confirms_shed"] += 1
-            self._shed_log.warning("shed", "left a confirmed job unacknowledged: %d are held waiting for the "
-                                   "journal and the backlog; its client sends it again", len(self._held))
-
-    def _admit_held(self) -> None:
-        """Journal the held confirmed jobs, oldest first, as admission places free up (a greenlet)."""
-        while True:
-            self._held.wait()
-            self._admissions.wait_available()
-            self._journal(*self._held.pop())
-
-    def _journal(self, envelope: list[bytes], request: Any, task: Any) -> None:
-        """Take an admission place (one is free) and hand a confirmed job to the journal; answered later."""
-        self._admissions.acquire()
-        self.runner.answer_confirm(request, task, partial(self._acknowledge, envelope))
-
-    def _ignore_held(self) -> None:
-        """On stop: the held confirmed jobs stay unacknowledged (never journaled here); their clients send
-        them again, to a peer or to this worker's next start."""
-        if self._admitter is not None:
-            self._admitter.kill()
-        self.runner.counters["confirms_ignored_on_stop"] += self._held.clear()
-
-    def _start_call(self, envelope: list[bytes], request: Any, task: Any) -> None:
-        """Wait for a task slot and run the call in it; a stop that kills the wait refuses the call."""
-        try:
-            self._calls.add(self._slots.spawn(self._answer, self.runner.answer_call, envelope, request, task))
-        except gevent.GreenletExit:
-            self._refuse(envelope, request)
-        finally:
-            self._took(SLOT if self.backend else None)
-
-    def _took(self, kind: Optional[bytes]) -> None:
-        """The work of a ``kind`` credit has started: the next credit may go (:meth:`_offer_work`)."""
-        if kind is not None:
-            self._started[kind] += 1
-            self._taken[kind].set()
-
-    def _refuse(self, envelope: list[bytes], request: Any) -> None:
-        """While stopping: refuse a call at once (not run); leave a confirmed job unacknowledged,
-        so that its client sends it again, to a peer or to this worker's next start."""
-        if request.kind == "confirm":
-            self.runner.counters["confirms_ignored_on_stop"] += 1
-            return
-        self.runner.counters["calls_refused_on_stop"] += 1
-        self._reply(envelope, encode_error(request.id, WorkerStopping.__name__,
-                                           "the worker is stopping and did not run this call; retry it"))
-
-    def _decode(self, frames: list[bytes]) -> Any:
-        if len(frames) != self._envelope + 1:
-            self.runner.counters["malformed"] += 1
-            return encode_error("", ProtocolError.__name__, f"expected one body frame, got {len(frames) - self._envelope}")
-        return self.runner.decode_rpc(frames[-1])
-
-    def _note_identity(self, identity: bytes) -> None:
-        if len(self.identities) < MAX_IDENTITIES or identity in self.identities:
-            self.identities[identity] += 1
-
-    def _answer(self, answer: Any, envelope: list[bytes], request: Any, task: Any) -> None:
-        try:
-            reply = answer(request, task)
-        except gevent.GreenletExit:
-            stopped = encode_error(request.id, WorkerShutdown.__name__, "the worker stopped before the task finished")
-            self._reply(envelope, stopped)
-            raise
-        self._reply(envelope, reply)
-
-    def _acknowledge(self, envelope: list[bytes], reply: bytes) -> None:
-        """Answer a confirmed job (in the hub, or in the receiver for an answer given at once); a reply
-        that cannot be sent leaves the job unacknowledged, and its client sends it again."""
-        self._admissions.release()
-        try:
-            self._reply(envelope, reply)
-        except zmq.ZMQError as exc:
-            log.warning("could not answer a confirmed job of client %r: %s", envelope[-1], exc)
-
-    def _reply(self, envelope: list[bytes], reply: bytes) -> None:
-        self._replied_at = time.monotonic()
-        try:
-            self._readers[1].send_multipart([*envelope, reply])
-        except zmq.Again:
-            log.warning("dropped a reply: client %r is not reading", envelope[-1])
-
-    def shutdown(self, *, warm: bool = True) -> None:
-        """Stop taking jobs, drain the jobs queue, run (warm) or discard (cold) what is queued, finish
-        or kill in-flight tasks, and close the sockets. See the module docstring for the order.
-
-        A warm shutdown waits up to ``graceful_timeout`` seconds, and turns
-        cold if another stop signal arrives meanwhile. Blocks the calling greenlet.
-        """
-        self._stopping = True
-        self._ignore_held()
-        self.scheduler.book.close()
-        self._stop_receiving()
-        self.scheduler.discard_plain_pending()
-        self.scheduler.pause()
-        self._stop_taking_jobs()
-        rpc = gevent.spawn(self._retire_rpc)
-        if warm and self._busy():
-            self._finish_in_flight()
-        self._discard_backlog("not started within the grace period" if warm else "cold shutdown")
-        self._waiting.kill(timeout=1.0)  # calls still waiting for a slot are refused, not run
-        self._admissions.join(timeout=5.0)
-        if self.watchdog.killed:
-            log.warning("stop: killed %d task(s) that blocked the worker past the grace period", self.watchdog.killed)
-            self.runner.counters["tasks_killed_on_stop"] += self.watchdog.killed
-        if self._running():
-            self._kill_running()
-        rpc.join(timeout=5.0 + REPLY_DRAIN)
-        if not self.rpc.closed:
-            rpc.kill()
-            self.rpc.close(linger=0)
-        self.scheduler.stop()
-        gevent.killall(self._greenlets)
-        for sock in (self._admin_socket, self._credits):
-            if sock is not None:
-                sock.close(linger=0)
-        self.watchdog.stop()
-        if not self.backend:
-            self.jobs.disable_monitor()
-        self.jobs.close(linger=0)  # unbound or disconnected, and read to the end
-        for queue in self.queues:
-            if queue.sock is not None:
-                queue.sock.close(linger=0)
-        if self._authenticator is not None:
-            self._authenticator.stop()
-        if self._context is not None:
-            self._context.term()
-        log.info("zqsync worker pid %d stopped", os.getpid())
-
-    def _stop_receiving(self) -> None:
-        """Kill the job receivers and the credit offers (``_stopping`` is set). A jobs receiver that runs a
-        task inline (it yielded, and has not handed off yet) is a task in flight: it is left to finish, and
-        receives no more. A receiver that reads a job while the kill is on its way keeps it in the backlog
-        (:meth:`_receive_jobs`)."""
-        jobs = [receiver for receiver in self._receivers[:1] if receiver not in self._slots]
-        gevent.killall([*jobs, *self._queue_receivers, *self._offering])
-
-    def _stop_taking_jobs(self) -> None:
-        """Unbind (standalone) or disconnect (supervised) the jobs socket, reading into memory every
-        job already in its queue."""
-        if self.backend:
-            self._drain_backend()
-            where = "the supervisor"
-        else:
-            assert self._peers is not None
-            self._quiesce(self._peers, self._jobs_endpoint)
-            where = self._jobs_endpoint
-        for queue in self.queues:  # their queued jobs join the backlog, run in the default pool
-            if queue.peers is not None:
-                self._quiesce(queue.peers, queue.endpoint)
-        log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
-        if self.backend and self.ready_file:  # the supervisor counts what it sent and this did not read
-            with open(f"{self.ready_file}.drained", "w") as drained:
-                drained.write(str(self._jobs_read))
-
-    def _quiesce(self, peers: Peers, endpoint: str) -> None:
-        """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
-        send until they fall quiet, then unbind and read the socket's queue to the end (``stopping.py``)."""
-        log.info("stopping: told %d job client(s) of %s", peers.notify_all(), endpoint)
-        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
-        peers.sock.unbind(endpoint)
-        self._drain_jobs(peers.receive, peers.sock, limit=DRAIN_LIMIT)
-
-    def _drain_jobs(self, receive: Callable[[int], bytes], sock: zmq.Socket, *, limit: float) -> None:
-        """Read a jobs socket (with ``receive(flags)``) into the backlog until it stays empty for
-        ``DRAIN_QUIET`` seconds (or ``limit`` seconds have passed)."""
-        drain(receive, sock, self._backlog.append, quiet=DRAIN_QUIET, limit=limit, pause=gevent.sleep)
-
-    def _drain_backend(self) -> None:
-        """Under a supervisor: read the backend into the backlog up to the router's :data:`END_OF_JOBS`
-        (at most ``DRAIN_LIMIT`` seconds), then disconnect."""
-        assert self.backend is not None
-        drain(self.jobs.recv, self.jobs, self._keep_job, quiet=DRAIN_LIMIT, limit=DRAIN_LIMIT, pause=gevent.sleep,
-              done=lambda: self._jobs_ended)
-        if not self._jobs_ended:
-            log.warning("stopping: no end of jobs from the supervisor within %.0f s; it counts the jobs "
-                        "it sent here that were not read as lost", DRAIN_LIMIT)
-        self.jobs.disconnect(self.backend[0])
-
-    def _keep_job(self, frame: bytes) -> None:
-        if frame == END_OF_JOBS:
-            self._jobs_ended = True
-        else:
-            self._jobs_read += 1
-            self._backlog.append(frame)
-
-    def _discard_backlog(self, reason: str) -> None:
-        if self._backlog:
-            count = len(self._backlog)
-            self._backlog.clear()
-            self.runner.counters["jobs_discarded_on_stop"] += count
-            log.warning("discarded %d queued plain jobs on shutdown (%s)", count, reason)
-
-    def _kill_running(self) -> None:
-        """Kill the tasks still running, and count (``tasks_killed_on_stop``) and log those the kill ended:
-        a task that finished before the kill reached it (a timer that fired first) ran, and is not counted."""
-        running = [greenlet for pool in self._pools() for greenlet in list(pool)]
-        for pool in self._pools():
-            pool.kill(timeout=1.0)
-        killed = sum(1 for greenlet in running if isinstance(greenlet.value, gevent.GreenletExit))
-        log.warning("cold shutdown: killed %d of %d task(s) still running", killed, len(running))
-        self.runner.counters["tasks_killed_on_stop"] += killed
-
-    def _retire_rpc(self) -> None:
-        """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
-        while len(self._calls) or len(self._waiting) or len(self._admin):
-            self._calls.join(timeout=0.05)
-        self._admissions.join(timeout=5.0)
-        # Closing a TCP socket with unread input (a client's heartbeat, say)
-        # makes the kernel send RST, and a client that had not yet read our
-        # last reply loses it with the connection. Give the last replies (results,
-        # or WorkerShutdown errors) a moment to be read first.
-        gevent.sleep(max(0.0, self._replied_at + REPLY_DRAIN - time.monotonic()))
-        gevent.killall(self._receivers[1:])
-        if not self.backend:
-            self.rpc.disable_monitor()
-        self.rpc.close(linger=1000)
-        log.info("stopped taking calls")
-
-    def _busy(self) -> bool:
-        """Tasks running (any queue), jobs queued in memory, or calls waiting for a slot."""
-        return bool(self._running() or self._backlog or len(self._waiting))
-
-    def _finish_in_flight(self) -> None:
-        log.info("warm shutdown: waiting up to %.1f s for %d task(s) and %d queued job(s)",
-                 self.graceful_timeout, self._running(), len(self._backlog))
-        deadline = self._stop_deadline or time.monotonic() + self.graceful_timeout
-        signals_before = len(self._signals)
-        while self._busy() and len(self._signals) == signals_before:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            if not self._backlog:  # wait for the tasks, or for the calls waiting to take a free slot
-                if self._running():
-                    for pool in self._pools():
-                        pool.join(timeout=min(0.1, remaining))
-                else:
-                    self._waiting.join(timeout=min(0.1, remaining))
-            elif self._slots.free_count():
-                self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
-            else:
-                self._slots.wait_available(timeout=min(0.1, remaining))
-
-    def _pools(self) -> list[gevent.pool.Pool]:
-        return [self._slots, *(queue.pool for queue in self.queues)]
-
-    def _running(self) -> int:
-        return sum(len(pool) for pool in self._pools())
-
-    # -- introspection -----------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        """Counters for ``zqsync.stats`` calls: this process's, or under a prefork supervisor the whole worker's.
-
-        Standalone: :meth:`local_stats`. Under a supervisor, every child's
-        local stats gathered over their admin sockets (``fleet.py``; blocks
-        the calling greenlet up to ``fleet.GATHER_TIMEOUT``, 1.0 s, for a
-        child that does not answer) and merged:
-
-        - every counter of :meth:`local_stats` (``jobs_*``, ``plain_received``,
-          ``confirmed_*``, ``calls_*``, ``in_flight``, ...): the sum over the
-          children that answered;
-        - ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
-          seconds over the children's merged samples;
-        - ``identities_by_pid`` (summed), ``identities`` and ``clients`` (concatenated);
-        - ``pid``, ``uptime``, ``state`` and ``tasks``: those of the child that answered;
-        - ``supervisor``: ``{"pid", "started" (epoch seconds), "uptime" (seconds),
-          "processes" (configured), "restarts", "jobs_lost_in_children"}`` (plain jobs
-          routed to children that exited without reading them: ``supervisor.py``);
-        - ``children``: one entry per child, sorted by pid: ``{"pid", "state",
-          "uptime", "in_flight", "counters": {its counters}, "durations"}``;
-          ``state`` is ``up``, ``busy`` (every slot taken), ``stopping`` or
-          ``unreachable`` (no answer within 1.0 s: its hub is blocked, or it is
-          stopped; then only ``pid`` and ``state`` are meaningful);
-        - ``unreachable``: how many children did not answer.
-        """
-        if not self.backend:
-            return self.local_stats()
-        directory = fleet.admin_dir(self.backend)
-        assert self._context is not None
-        reports = fleet.gather(self._context, directory, self._report())
-        return fleet.merge(reports, fleet.read_supervisor_file(directory))
-
-    def _report(self) -> dict[str, Any]:
-        return {"stats": self.local_stats(), "samples": self.runner.durations.samples()}
-
-    def _state(self) -> str:
-        if self._stopping:
-            return "stopping"
-        return "busy" if not self._slots.free_count() else "up"
-
-    def local_stats(self) -> dict[str, Any]:
-        """This process's counters.
-
-        :returns: the runner's counters (see below), ``pid``, ``uptime`` (seconds),
-            ``state`` (``up``, ``busy``: every slot taken, ``stopping``), ``tasks`` (names),
-            ``identities_by_pid``: ``{client pid: distinct socket identities
-            seen on rpc}``, ``identities`` (distinct rpc identities, as str),
-            when the worker binds its own sockets, ``connections_jobs`` /
-            ``connections_rpc`` and ``disconnections_jobs`` /
-            ``disconnections_rpc``: TCP connections accepted and lost since start;
-            ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
-            seconds over recent runs; ``clients``: the stats of the
-            zqsync clients that tasks in this process use; and ``queues``:
-            per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks.
-
-        Job counters: ``jobs_received`` counts every job this process took in,
-        ``plain_received`` (on the jobs socket) plus ``confirmed_accepted``
-        (newly journaled; ``confirmed_received`` also counts duplicates and
-        refusals); ``jobs_replayed`` the journaled jobs it took over from a
-        process that is gone. Each ends as ``jobs_succeeded``, ``jobs_failed``
-        (``jobs_dead`` if it had retries), ``unknown_task`` or
-        ``jobs_discarded_on_stop``; ``jobs_retried`` counts failed attempts
-        run again. ``confirms_shed`` counts confirmed jobs left unacknowledged because the hold of those
-        waiting for an admission place was full (``admission.py``; their clients send them again).
-        ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
-        (+ those in flight); ``timed_out`` counts both kinds.
-        """
-        by_pid: collections.Counter[str] = collections.Counter()
-        for identity in self.identities:
-            parts = identity.split(b"-")
-            by_pid[parts[1].decode() if len(parts) == 3 and parts[0] == b"zq" else "?"] += 1
-        return {
-            **self.runner.counters,
-            "pid": os.getpid(),
-            "uptime": time.time() - self.started_at,
-            "state": self._state(),
-            "tasks": self.registry.names(),
-            "identities_by_pid": dict(by_pid),
-            "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
-            **self.connections,
-            "durations": self.runner.durations.percentiles(),
-            "clients": [client.stats() for client in _common.live_clients()],
-            "queues": {queue.name: queue.stats() for queue in self.queues},
-        }

@@ -146,8 +146,9 @@ class Watchdog:
         self._stopped = True
         if self._ticker is not None:
             self._ticker.kill(block=False)
-        if self._pid == os.getpid():
+        if self._armed_until is not None and self._pid == os.getpid():
             faulthandler.cancel_dump_traceback_later()
+            self._armed_until = None
 
     def greenlets(self) -> list[gevent.Greenlet]:
         """The ticker greenlet, if started (a forked child kills its copy)."""
@@ -189,10 +190,11 @@ class Watchdog:
         """Point the hard-limit timer at the earliest hard deadline of the running tasks, or disarm it.
 
         Never in a child forked by a task: faulthandler's timer thread did not
-        survive the fork, and re-arming (or cancelling) waits for that thread forever.
+        survive the fork, and re-arming (or cancelling) waits for that thread forever. Never before
+        :meth:`start` either (a worker run in-process, whose process has its own uses for faulthandler).
         """
-        if self._pid != os.getpid():
-            return
+        if self._pid != os.getpid() or self._ticker is None:
+            return  # forked, or not started: the process's faulthandler timer is not the watchdog's
         hards = [running.hard for running in self._running.values() if running.hard is not None]
         earliest = min([*hards, self._stop_hard] if self._stop_hard is not None else hards, default=None)
         if earliest is None:
