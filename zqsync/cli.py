@@ -363,7 +363,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also draw latency distributions and ratios (needs matplotlib)")
     parser.add_argument("--only", action="append", metavar="NAME",
                         help="run only this scenario; repeat for several "
-                             "(pool, zerorpc, congestion, rq, endtoend, fork, gunicorn)")
+                             "(pool, worker, zerorpc, congestion, rq, endtoend, fork, prefork, gunicorn)")
 
 
 def bench_argv(args: argparse.Namespace) -> list[str]:
