@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -13,6 +14,7 @@ import requests
 import zqsync
 from tests.dashboard_process import TASKS, Dashboard, csrf_token
 from tests.helpers import wait_for
+from zqsync.dashboard.fleet import Fleet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,6 +38,15 @@ def _state(url: str) -> dict:
     return response.json()
 
 
+def _sample_after(url: str, moment: float) -> list[dict]:
+    """The dashboard's history once it holds a sample taken after ``moment`` (epoch seconds, this machine)."""
+    def newer() -> list[dict]:
+        history = _state(url)["history"]
+        return history if history and history[-1]["t"] > moment else []
+
+    return wait_for(newer, timeout=30, what=f"a chart sample after {moment}")
+
+
 def _free_endpoint() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -50,6 +61,7 @@ def test_fleet_shows_each_worker_its_children_and_moving_rates(zq_worker, dashbo
     # Rates come from the difference between two polls of a process: let it see every process idle first.
     wait_for(lambda: [len(row["processes"]) for row in _state(dashboard.url)["workers"]] == [1, 1, 0],
              timeout=30, what="every worker polled once")
+    _sample_after(dashboard.url, time.time())  # the chart's series starts before the jobs
     with zqsync.Client([plain.endpoint, prefork.endpoint]) as client:
         for _ in range(300):
             client.enqueue("add", 1, 2)
@@ -62,6 +74,7 @@ def test_fleet_shows_each_worker_its_children_and_moving_rates(zq_worker, dashbo
         return workers if totals == [300, 1] else {}
 
     workers = wait_for(done, timeout=30, what="300 jobs and 1 call counted")
+    counted = time.time()
     assert workers[plain.endpoint]["state"] in ("up", "busy")
     assert [proc["pid"] for proc in workers[plain.endpoint]["processes"]] == [plain.pid]
     # The prefork worker answers for its whole self: one row under its supervisor's pid, and each child.
@@ -74,9 +87,42 @@ def test_fleet_shows_each_worker_its_children_and_moving_rates(zq_worker, dashbo
     nothing = wait_for(lambda: [row for row in _state(dashboard.url)["workers"] if row["state"] == "unreachable"],
                        what="the absent worker unreachable")
     assert [(row["endpoint"], row["processes"]) for row in nothing] == [(nowhere, [])]
-    history = _state(dashboard.url)["history"]
+    # Samples run on their own timer: wait for one taken after the polls that counted the jobs.
+    history = _sample_after(dashboard.url, counted)
     assert max(sample["jobs_per_s"] for sample in history) > 0, history
+    # Every job counted is in the chart (more, if a prefork child missed an aggregate answer: not counted here).
+    charted = sum(later["jobs_per_s"] * (later["t"] - earlier["t"]) for earlier, later in zip(history, history[1:]))
+    assert charted > 299.5, history
     assert max(sample["p99"] for sample in history) > 0, history
+
+
+def test_a_sample_counts_the_jobs_of_every_poll_since_the_previous_sample(zq_worker):
+    """Polls and samples run on separate timers: on a busy machine two polls can fall between two samples.
+    The Fleet is not started: the test orders the polls and samples itself, against a real worker."""
+    worker = zq_worker(TASKS)
+    fleet = Fleet([worker.endpoint])
+    (polled,) = fleet.workers
+    try:
+        fleet.poll(polled)
+        before = fleet.sample()
+        with zqsync.Client(worker.endpoint) as client:
+            for _ in range(300):
+                client.enqueue("add", 1, 2)
+            assert client.call("add", 2, 3) == 5
+
+        def counted() -> bool:
+            fleet.poll(polled)
+            stats = polled.processes[worker.pid].stats
+            return stats["jobs_succeeded"] == 300 and stats["calls_received"] == 1
+
+        wait_for(counted, what="300 jobs and 1 call counted")
+        fleet.poll(polled)  # a poll that sees nothing new, before the sampler wakes
+        after = fleet.sample()
+    finally:
+        fleet.stop()
+    elapsed = after["t"] - before["t"]
+    assert after["jobs_per_s"] * elapsed == pytest.approx(300, abs=0.5), (before, after)
+    assert after["calls_per_s"] * elapsed == pytest.approx(1, abs=0.01), (before, after)
 
 
 def test_dead_job_requeued_runs_and_a_delayed_job_is_cancelled(zq_worker, dashboards, tmp_path):

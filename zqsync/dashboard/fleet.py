@@ -3,7 +3,10 @@
 Each poll keeps the latest answer per worker process: a prefork worker answers
 for all its children (keyed by its supervisor's pid, children listed under
 ``children``); rates come from the difference with that process's previous
-answer. Nothing is stored beyond :data:`HISTORY` samples in memory.
+answer. The charts' series is sampled on its own timer: each sample's rates
+count every job and call that the polls saw since the previous sample, so no
+poll goes uncharted when two polls fall between two samples (a busy machine
+delays the sampler). Nothing is stored beyond :data:`HISTORY` samples in memory.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class Fleet:
         self.timeout = max(1.0, 2 * interval)
         self.workers = [Worker(endpoint, Client(endpoint, curve=curve)) for endpoint in endpoints]
         self.history: collections.deque[dict[str, float]] = collections.deque(maxlen=HISTORY)
+        self._unsampled = {"jobs": 0, "calls": 0}  # finished jobs and calls the polls saw since the last sample
+        self._sampled_at = time.monotonic()
         self._greenlets: list[gevent.Greenlet] = []
 
     def start(self) -> None:
@@ -131,10 +136,14 @@ class Fleet:
         pid = _pid(stats)
         previous = worker.processes.get(pid)
         process = worker.processes[pid] = Process(pid, now, stats)
-        if previous is not None and now > previous.seen:
+        if previous is not None:
+            jobs = max(0, _total(stats, JOB_COUNTERS) - _total(previous.stats, JOB_COUNTERS))
+            calls = max(0, _total(stats, CALL_COUNTERS) - _total(previous.stats, CALL_COUNTERS))
+            self._unsampled["jobs"] += jobs
+            self._unsampled["calls"] += calls
             elapsed = now - previous.seen
-            process.jobs_per_s = max(0, _total(stats, JOB_COUNTERS) - _total(previous.stats, JOB_COUNTERS)) / elapsed
-            process.calls_per_s = max(0, _total(stats, CALL_COUNTERS) - _total(previous.stats, CALL_COUNTERS)) / elapsed
+            if elapsed > 0:
+                process.jobs_per_s, process.calls_per_s = jobs / elapsed, calls / elapsed
         worker.state, worker.error = _state(stats), None
 
     def _forget(self, worker: Worker) -> None:
@@ -150,14 +159,19 @@ class Fleet:
     # -- views -----------------------------------------------------------------
 
     def sample(self) -> dict[str, float]:
-        """The fleet-wide point of the charts now: epoch seconds, jobs/s, calls/s, in flight,
-        and the slowest process's p50 and p99 task duration (seconds) over all tasks."""
+        """The fleet-wide point of the charts now, and the start of the next sample's period: epoch
+        seconds, jobs/s and calls/s that the polls saw since the previous sample (or since the Fleet
+        was made), in flight, and the slowest process's p50 and p99 task duration (seconds) over all tasks."""
+        now, started, self._sampled_at = time.time(), self._sampled_at, time.monotonic()
+        elapsed = max(self._sampled_at - started, 1e-6)
+        jobs, calls = self._unsampled["jobs"], self._unsampled["calls"]
+        self._unsampled = {"jobs": 0, "calls": 0}
         processes = [process for worker in self.workers for process in worker.processes.values()]
         overall = [process.stats.get("durations", {}).get("*", {}) for process in processes]
         return {
-            "t": time.time(),
-            "jobs_per_s": sum(process.jobs_per_s for process in processes),
-            "calls_per_s": sum(process.calls_per_s for process in processes),
+            "t": now,
+            "jobs_per_s": jobs / elapsed,
+            "calls_per_s": calls / elapsed,
             "in_flight": sum(process.stats.get("in_flight", 0) for process in processes),
             "p50": max((summary.get("p50", 0.0) for summary in overall), default=0.0),
             "p99": max((summary.get("p99", 0.0) for summary in overall), default=0.0),
