@@ -29,9 +29,11 @@ Helpers
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -78,20 +80,26 @@ def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwa
     :returns: the child's return value (it must be picklable).
     :raises Exception: the child's exception, re-raised, with the child's
         traceback as its ``__notes__``.
-    :raises ForkFailed: the child hung past ``timeout``, exited non-zero, or
-        died by a signal.
+    :raises ForkFailed: the child hung past ``timeout`` (the message then
+        gives its threads' stacks at 0.8 x ``timeout``, from :mod:`faulthandler`,
+        and under gevent its greenlets'),
+        exited non-zero, or died by a signal.
     """
     handle, path = tempfile.mkstemp(prefix="zqsync-fork-")
     os.close(handle)
+    stacks = path + ".stacks"
     try:
         pid = os.fork()
         if pid == 0:  # child
+            _dump_stacks_later(stacks, timeout * 0.8)
             _child_main(path, fn, args, kwargs)
-        status = _wait_child(pid, timeout)
+        status = _wait_child(pid, timeout, stacks)
         with open(path, "rb") as result_file:
             data = result_file.read()
     finally:
-        os.unlink(path)
+        for leftover in (path, stacks):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
     code = os.waitstatus_to_exitcode(status)
     if code != 0 or not data:
         raise ForkFailed(f"forked child {pid} exited with status {code} without a result")
@@ -102,6 +110,23 @@ def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwa
     if hasattr(exc, "add_note"):
         exc.add_note("Traceback in the forked child:\n" + outcome[2])
     raise exc
+
+
+def _dump_stacks_later(path: str, seconds: float) -> None:
+    """Write the child's thread stacks to ``path`` after ``seconds`` (``faulthandler``, even if the
+    hub is blocked), and under gevent also every greenlet's (while the hub runs)."""
+    out = open(path, "w")
+    faulthandler.dump_traceback_later(seconds, file=out)
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("time"):
+        import gevent
+        import gevent.util
+
+        def dump_greenlets() -> None:
+            out.write("".join(gevent.util.format_run_info()))
+            out.flush()
+
+        gevent.spawn_later(seconds, dump_greenlets)
 
 
 def _child_main(path: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
@@ -120,7 +145,7 @@ def _child_main(path: str, fn: Callable[..., Any], args: tuple, kwargs: dict) ->
         os._exit(0)
 
 
-def _wait_child(pid: int, timeout: float) -> int:
+def _wait_child(pid: int, timeout: float, stacks: str) -> int:
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -129,7 +154,10 @@ def _wait_child(pid: int, timeout: float) -> int:
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            raise ForkFailed(f"forked child {pid} hung for more than {timeout} s and was killed")
+            with open(stacks) as dump:
+                where = dump.read() or "(none written)"
+            raise ForkFailed(f"forked child {pid} hung for more than {timeout} s and was killed; "
+                             f"its stacks {timeout * 0.8:.1f} s in:\n{where}")
         time.sleep(0.01)
 
 

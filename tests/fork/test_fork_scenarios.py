@@ -13,25 +13,22 @@ the parent is the main greenlet (green sockets, gevent's ``os.fork``).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing
 import os
-import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import traceback
 
 import gevent
 import pytest
 
 import zqsync
 from tests.conftest import MONKEY_PATCHED, ROOT
-from zqsync.testing import ForkFailed, run_in_fork
+from zqsync import _common
+from zqsync.testing import run_in_fork
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -155,71 +152,26 @@ def test_multiprocessing_fork_child_calls_both_workers_while_the_parent_keeps_ca
         assert by_pid(worker) == {parent: 1, child: 1}
 
 
-def _c_level_fork() -> int:
-    """``fork(2)`` straight from libc, holding the GIL: no ``os.register_at_fork`` hook runs."""
-    return ctypes.PyDLL(None).fork()
+def run_in_unhooked_fork(fn, *args, timeout: float = 60.0):
+    """:func:`zqsync.testing.run_in_fork` with zqsync's at-fork callbacks emptied while it runs:
+    the child learns of the fork only through the pool's pid check, as after a fork made by C code.
 
-
-def _wait_c_child(pid: int, timeout: float) -> int:
-    """The exit status of a child forked behind gevent's back; SIGKILL it after ``timeout`` s."""
-    if MONKEY_PATCHED:
-        # gevent's SIGCHLD handling reaps every child, so wait through a libev child
-        # watcher, started before the loop runs again (it cannot miss the exit).
-        hub = gevent.get_hub()
-        watcher = hub.loop.child(pid, False)
-        try:
-            with gevent.Timeout(timeout, False):
-                hub.wait(watcher)
-                return watcher.rstatus
-        finally:
-            watcher.close()
-        kill_pid(pid)
-        raise ForkFailed(f"C-level forked child {pid} hung for more than {timeout} s and was killed")
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        if time.monotonic() > deadline:
-            kill_pid(pid)
-            os.waitpid(pid, 0)
-            raise ForkFailed(f"C-level forked child {pid} hung for more than {timeout} s and was killed")
-        time.sleep(0.02)
-
-
-def run_in_c_fork(fn, *args, timeout: float = 60.0):
-    """Like :func:`zqsync.testing.run_in_fork`, but the fork skips Python's at-fork hooks,
-    as a fork made by C code does. The child only has the pool's pid check to notice."""
-    handle, path = tempfile.mkstemp(prefix="zqsync-cfork-")
-    os.close(handle)
+    Not a raw ``fork(2)`` through ctypes (as this harness once was): that also skips CPython's own
+    after-fork repair (``PyOS_AfterFork_Child``, which C code that forks and keeps running Python
+    must call). Without it, a child forked while another thread (zqsync's sweeper, waking every
+    2 s) waits for the GIL can wait in ``drop_gil`` for that thread forever: 1 child in 40 hung in
+    a 20-line reproduction, and one hung in CI for 60 s.
+    """
+    saved = list(_common._fork_callbacks)
+    _common._fork_callbacks.clear()
     try:
-        pid = _c_level_fork()
-        if pid == 0:  # the child
-            try:
-                if MONKEY_PATCHED:
-                    gevent.reinit()  # gevent's own duty after a fork it did not make
-                try:
-                    outcome: tuple = ("ok", fn(*args))
-                except BaseException as exc:  # everything goes to the parent
-                    outcome = ("error", repr(exc), traceback.format_exc())
-                with open(path, "wb") as out:
-                    out.write(pickle.dumps(outcome))
-            finally:
-                os._exit(0)
-        assert pid > 0, "libc fork failed"
-        status = _wait_c_child(pid, timeout)
-        with open(path, "rb") as result:
-            data = result.read()
+        return run_in_fork(fn, *args, timeout=timeout)
     finally:
-        os.unlink(path)
-    assert os.waitstatus_to_exitcode(status) == 0 and data, f"child died: status {status}"
-    outcome = pickle.loads(data)
-    assert outcome[0] == "ok", f"child raised {outcome[1]}\n{outcome[2]}"
-    return outcome[1]
+        _common._fork_callbacks[:] = saved
 
 
 def test_fork_that_skips_the_at_fork_hook_is_caught_by_the_pid_check(zq_worker, zq_peer):
-    """S01 / rule 9 (C-level fork, no ``register_at_fork`` hook): the pid check alone makes the
+    """S01 / rule 9 (a fork zqsync's at-fork hook does not see, as a C-level one): the pid check alone makes the
     child dial its own sockets; its calls complete and the parent's sockets keep working."""
     worker_a, worker_b = zq_worker(), zq_peer()
 
@@ -228,7 +180,7 @@ def test_fork_that_skips_the_at_fork_hook_is_caught_by_the_pid_check(zq_worker, 
                 zqsync.Client(worker_b.endpoint, call_timeout=20.0) as client_b:
             assert client_a.call("add", 1, 2) == 3
             assert client_b.call("echo", "parent-before") == "parent-before"
-            child = run_in_c_fork(_child_calls, client_a, client_b, "cfork")
+            child = run_in_unhooked_fork(_child_calls, client_a, client_b, "cfork")
             assert child["a"] == [100, 101, 102]
             assert child["b"] == ["cfork-0", "cfork-1", "cfork-2"]
             assert client_a.call("add", 5, 5) == 10
