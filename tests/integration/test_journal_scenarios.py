@@ -365,14 +365,20 @@ def test_a_full_disk_refuses_confirms_at_once_and_outcomes_are_kept_until_writte
     with zqsync.Client(worker.endpoint, confirm_timeout=10) as client:
         with pytest.raises(zqsync.JournalUnavailable) as caught:
             client.enqueue_with_options("record", args=(str(out), "refused"), confirm=True)
-    assert "full" in caught.value.remote_message
+        assert "full" in caught.value.remote_message
+        # More confirms while the disk stays full: the journal is probed between them, and no probe
+        # may call it writable (an empty transaction succeeds on a full disk; the next write then fails).
+        wait_for(lambda: _refused(client, tmp_path / "elsewhere.txt")
+                 and worker.output().count("journal write failed") >= 5, what="writes and probes to fail")
+    assert "written again" not in worker.output(), "nothing was written while the disk was full"
     gate.touch()  # the jobs finish while their outcomes cannot be written
     wait_for(lambda: len(count_lines(out)) == 20, what="the jobs to run")
-    wait_for(lambda: worker.output().count("journal write failed") >= 3, what="outcome writes to fail and be retried")
+    wait_for(lambda: "; 20 outcome(s) kept to retry" in worker.output(), what="the outcomes' write to fail")
     filler.unlink()
     wait_for(lambda: _done(state) == 20, timeout=30, what="the kept outcomes to be written once there is space")
     with zqsync.Client(worker.endpoint, confirm_timeout=10) as client:  # acknowledging again
         wait_for(lambda: _confirms(client, out, "recovered"), what="a confirm to be acknowledged again")
+    assert "the journal was written again after" in worker.output()
     acknowledged.append("recovered")
     wait_for(lambda: _done(state) == 21, what="the recovered job to be done")
     worker.stop(sig=signal.SIGKILL)
@@ -381,6 +387,14 @@ def test_a_full_disk_refuses_confirms_at_once_and_outcomes_are_kept_until_writte
     seen = count_lines(out)
     report("full disk (tmpfs)", acknowledged, seen)
     assert seen == Counter(acknowledged), "nothing ran twice after the restart"
+
+
+def _refused(client: zqsync.Client, out: Path) -> bool:
+    try:
+        client.enqueue_with_options("record", args=(str(out), "probe"), confirm=True)
+    except zqsync.JournalUnavailable:
+        return True
+    return False
 
 
 def _confirms(client: zqsync.Client, out: Path, line: str) -> bool:

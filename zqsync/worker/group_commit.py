@@ -117,9 +117,11 @@ class GroupCommit:
                     return
                 writer.sleep(retry_delay(failures, 0.05))
                 continue
-            if self.broken:
-                log.warning("the journal can be written again after %d failure(s)", failures)
-            failures, carried, self.broken = 0, [], None
+            if waiting or records:  # a probe alone is no proof: what was refused may still not fit
+                if failures:
+                    log.warning("the journal was written again after %d failure(s)", failures)
+                failures = 0
+            carried, self.broken = [], None
             if waiting:
                 writer.post(self._answer_batch, waiting, fresh, refused, None)
             if self._finish_stop(batch, carried):

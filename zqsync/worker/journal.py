@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS probes (owner TEXT PRIMARY KEY, at REAL NOT NULL);
 """
 #: Columns added since the first version (``ALTER TABLE`` on older journals).
 COLUMNS = {
@@ -222,9 +223,9 @@ class Journal:
         the write lock, and its loops wait for the lock instead)."""
         with self._lock:
             present = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-            indexes = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        wanted = {line.split()[5] for line in INDEXES.strip().splitlines()}
-        return not (set(COLUMNS) <= present and wanted <= indexes)
+            names = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
+        wanted = {"probes", *(line.split()[5] for line in INDEXES.strip().splitlines())}
+        return not (set(COLUMNS) <= present and wanted <= names)
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
@@ -295,11 +296,16 @@ class Journal:
     # -- writes ------------------------------------------------------------
 
     def probe(self) -> None:
-        """An empty write transaction and :meth:`check_file`: whether the journal can be written again.
+        """Whether the journal can be written again: :meth:`check_file`, and one row of this owner's
+        written to the ``probes`` table and committed (an empty transaction would succeed on a full disk).
 
         :raises JournalGone, sqlite3.Error: as :meth:`write`.
         """
-        self._transaction(lambda db: self.check_file())
+        def work(db: sqlite3.Connection) -> None:
+            self.check_file()
+            db.execute("INSERT OR REPLACE INTO probes (owner, at) VALUES (?, ?)", (self.token, time.time()))
+
+        self._transaction(work)
 
     def write(
         self,
