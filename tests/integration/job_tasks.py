@@ -52,3 +52,15 @@ def failing(path, key):
     """Appends ``key`` and fails, every attempt (three in all)."""
     _append(path, key)
     raise RuntimeError("fails every time")
+
+
+@registry.task
+def huge_int():
+    """A value msgpack cannot encode: an int past 64 bits."""
+    return 2**70
+
+
+@registry.task
+def blob(size):
+    """``size`` bytes of result."""
+    return b"x" * size

@@ -156,3 +156,40 @@ def test_an_admin_call_refused_by_a_worker_without_a_journal_names_its_error_onc
     with zqsync.Client(worker.endpoint) as client, pytest.raises(zqsync.NoJournal) as refused:
         client.call("zqsync.jobs", "dead", 0, 10)
     assert str(refused.value).splitlines()[0] == "NoJournal: this worker keeps no journal: start it with --state-dir DIR"
+
+
+# -- results that cannot go back over the wire ----------------------------------------------------
+
+OVER_THE_LIMIT = 17 * 1024 * 1024  # bytes: past the 16 MiB message limit
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["confirmed", "plain, kept"])
+def test_a_result_that_cannot_be_encoded_fails_the_job_with_an_error_naming_its_type(journaled, how):
+    with zqsync.Client(journaled.endpoint) as client:
+        options = {"confirm": True} if how == "confirmed" else {"store_result": True}
+        job_id = client.enqueue_with_options("huge_int", **options)
+        with pytest.raises(zqsync.RemoteError) as raised:
+            client.result(job_id, timeout=slack(20))
+        status = client.job(job_id)
+    assert raised.value.remote_type == "TypeError"
+    assert "'huge_int' returned a value that cannot be sent back" in raised.value.remote_message
+    assert "int" in raised.value.remote_message and "64-bit" in raised.value.remote_message
+    assert (status.state, status.error.remote_type) == ("failed", "TypeError")
+    counters = journaled.join(1)
+    assert (counters["jobs_failed"], counters["jobs_succeeded"]) == (1, 0)
+
+
+@pytest.mark.timeout(90)
+def test_a_result_over_the_message_limit_fails_the_job_and_its_id_still_answers(journaled):
+    with zqsync.Client(journaled.endpoint) as client:
+        job_id = client.enqueue_with_options("blob", args=(OVER_THE_LIMIT,), confirm=True)
+        with pytest.raises(zqsync.RemoteError) as raised:
+            client.result(job_id, timeout=slack(30))
+        assert "over the" in raised.value.remote_message and "byte limit" in raised.value.remote_message
+        assert client.job(job_id).state == "failed"
+        assert client.cancel(job_id).state == "failed"  # too late to cancel: it answers with the state
+        with pytest.raises(zqsync.RemoteError) as called:
+            client.call("blob", OVER_THE_LIMIT)
+        assert "byte limit" in called.value.remote_message
+        assert client.call("blob", 3) == b"xxx"

@@ -69,6 +69,9 @@ VERSION = 1
 KINDS = ("job", "call", "confirm")
 #: Upper bound of one frame, bytes (the worker also sets ZMQ_MAXMSGSIZE to this).
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+#: Largest encoded result a worker sends back or keeps, bytes: a status reply (``job()``, ``result()``)
+#: carries it with room to spare under a client's MAX_MESSAGE_SIZE.
+MAX_RESULT_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
 MAX_TASK_NAME = 200
 MAX_ID = 64
 #: Most elements of one msgpack array or map, and deepest nesting of arguments and results.
@@ -316,9 +319,24 @@ def _check_value(value: Any) -> None:
                 stack.append((child, depth + 1))
 
 
-def encode_result(request_id: str, result: Any) -> bytes:
-    """Encode a success reply. :raises ProtocolError: the result cannot be serialised."""
-    return _pack({"v": VERSION, "id": request_id, "ok": True, "result": result})
+def encode_result(request_id: str, result: Any, *, max_size: int = MAX_RESULT_SIZE) -> bytes:
+    """Encode a success reply.
+
+    :param max_size: bytes the frame may take (default :data:`MAX_RESULT_SIZE`).
+    :raises ProtocolError: msgpack cannot encode ``result`` (the message names the type or the
+        limit it is past), or the frame is over ``max_size`` bytes.
+    """
+    try:
+        frame = _packer().pack({"v": VERSION, "id": request_id, "ok": True, "result": result})
+    except OverflowError as exc:
+        raise ProtocolError(f"an int outside msgpack's 64-bit range (-2**63 to 2**64 - 1) cannot be encoded "
+                            f"({exc})") from exc
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"msgpack cannot encode it: {exc}") from exc
+    if len(frame) > max_size:
+        raise ProtocolError(f"it encodes to {len(frame):,} bytes, over the {max_size:,}-byte limit for a result "
+                            "(MAX_RESULT_SIZE)")
+    return frame
 
 
 def encode_error(request_id: str, type_name: str, message: str, traceback: str = "") -> bytes:

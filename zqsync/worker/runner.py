@@ -138,24 +138,16 @@ class Runner:
         past its deadline is not run: its reply is a ``DeadlineExpired`` error.
         """
         if self.is_builtin(task):
-            ok, value = self.run(task, request, counted=False)
-            return envelope.encode_result(request.id, value) if ok else envelope.encode_error(request.id, *value)
+            return _reply(request.id, task, *self.run(task, request, counted=False))[0]
         self.counters["calls_received"] += 1
         late = self.expired(request)
         if late is not None:
             return envelope.encode_error(request.id, DeadlineExpired.__name__,
                                          f"call {request.id} to {task.name!r} was not run: its deadline had passed "
                                          f"{late:.3f} s before the worker could start it (the caller gave up)")
-        ok, value = self.run(task, request)
-        if ok:
-            try:
-                reply = envelope.encode_result(request.id, value)
-                self.counters["calls_succeeded"] += 1
-                return reply
-            except ProtocolError as exc:
-                value = ("TypeError", f"task {task.name!r} returned a value that {exc}", "")
-        self.counters["calls_failed"] += 1
-        return envelope.encode_error(request.id, *value)
+        reply, ok = _reply(request.id, task, *self.run(task, request))
+        self.counters["calls_succeeded" if ok else "calls_failed"] += 1
+        return reply
 
     def expired(self, request: envelope.Request) -> Optional[float]:
         """Seconds by which ``request`` is past its deadline (counted as ``calls_expired`` or
@@ -288,3 +280,19 @@ class Runner:
 def _context(task: Task, request: envelope.Request, attempt: int) -> TaskContext:
     kind = "call" if request.kind == "call" else "job"
     return TaskContext(task.name, request.id, kind, attempt, tuple(request.args), dict(request.kwargs))
+
+
+def unsendable(task: Task, exc: ProtocolError) -> ErrorInfo:
+    """The error of a task whose result cannot be sent back or kept (``exc`` from ``encode_result``)."""
+    return ("TypeError", f"task {task.name!r} returned a value that cannot be sent back: {exc}", "")
+
+
+def _reply(request_id: str, task: Task, ok: bool, value: Any) -> tuple[bytes, bool]:
+    """A call's reply frame, and whether it is a success: a result that cannot be sent back is a
+    ``TypeError`` reply (:func:`unsendable`)."""
+    if ok:
+        try:
+            return envelope.encode_result(request_id, value), True
+        except ProtocolError as exc:
+            value = unsendable(task, exc)
+    return envelope.encode_error(request_id, *value), False

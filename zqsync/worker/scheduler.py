@@ -51,7 +51,7 @@ from .group_commit import GroupCommit, retry_delay
 from .inline import run_inline
 from .journal import ALONE, DIED, SHARED, Journal, NewJob, Outcome, Row, Start
 from .registry import Task
-from .runner import ErrorInfo, Runner
+from .runner import ErrorInfo, Runner, unsendable
 from .status import Cancelled, JobBook
 
 log = logging.getLogger(__name__)
@@ -365,7 +365,7 @@ class JobScheduler:
         finally:
             self.book.stopped(job_id)
         if ok:
-            self._succeeded(job, attempts, value)
+            self._succeeded(job, attempts, value, keep)
             return
         if delay is None:
             self._give_up(job, attempts, value)
@@ -377,15 +377,23 @@ class JobScheduler:
                      "scheduled", error=value)
         self._later(delay, job._replace(attempts=attempts, counted=False))
 
-    def _succeeded(self, job: Job, attempts: int, value: Any) -> None:
-        self.runner.counters["jobs_succeeded"] += 1
-        stored, error = None, None
-        if job.durable:
+    def _succeeded(self, job: Job, attempts: int, value: Any, keep: bool) -> None:
+        """Settle a job that returned ``value``; one whose result is to be kept (journaled, or kept on
+        request) but cannot be sent back fails, without a retry: it would return the same."""
+        stored = None
+        if job.durable or keep:
             try:
                 stored = envelope.encode_result(job.request.id, value)
             except ProtocolError as exc:
-                error = f"TypeError: the result was not kept: task {job.task.name!r} returned a value that {exc}"
-        self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, error, stored), "done", result=value)
+                self.runner.counters["jobs_failed"] += 1
+                error = unsendable(job.task, exc)
+                log.error("job %s (%s) failed: %s: %s", job.request.id, job.task.name, *error[:2])
+                self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, _describe(error)), "failed",
+                             error=error)
+                return
+        self.runner.counters["jobs_succeeded"] += 1
+        self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, None, stored if job.durable else None),
+                     "done", result=value)
 
     def _cancelled(self, job: Job, attempts: int) -> None:
         self.runner.counters["jobs_cancelled"] += 1
