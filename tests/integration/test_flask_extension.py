@@ -103,3 +103,46 @@ def test_the_client_is_closed_at_process_exit(zq_worker, tmp_path):
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["result 3", "closed at exit"]
+
+
+def test_app_factories_leave_the_open_file_descriptors_flat(zq_worker, tmp_path):
+    """Each app's client is let go with its app: nothing (an ``atexit`` hook, say) keeps it alive."""
+    worker = zq_worker()
+    script = tmp_path / "factories.py"
+    script.write_text(textwrap.dedent(f"""
+        import gc, os
+        from flask import Flask
+        from zqsync.contrib.flask import Zqsync
+
+        zq = Zqsync()
+
+        def create_app():
+            app = Flask("factory")
+            app.config["ZQSYNC_ENDPOINT"] = {worker.endpoint!r}
+            zq.init_app(app)
+
+            @app.get("/")
+            def index():
+                zq.enqueue("echo", "x")
+                return str(zq.call("add", 1, 2))
+
+            return app
+
+        def one_request():
+            assert create_app().test_client().get("/").get_data(as_text=True) == "3"
+
+        def open_fds():
+            gc.collect()
+            return len(os.listdir("/proc/self/fd"))
+
+        one_request()
+        before = open_fds()
+        for _ in range(200):
+            one_request()
+        print("extra fds", open_fds() - before)
+    """))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    extra = int(result.stdout.split()[-1])
+    assert abs(extra) <= 10, f"200 app factories left {extra} more open fds"
+    wait_for(lambda: worker.stats()["jobs_succeeded"] == 201, what="every app's job to run")

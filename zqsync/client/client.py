@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
@@ -112,6 +113,8 @@ class Client:
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )
         self._closed = False
+        # A client let go without close() still closes its sockets (with their linger) when collected.
+        weakref.finalize(self, _close_pools, self._push, self._dealer)
         self._config = (names, self.settings, curve)
         _common.track_client(self)
         self._routed = {
@@ -500,8 +503,7 @@ class Client:
         self._closed = True
         for routed in self._routed.values():
             routed.close(linger=linger)
-        self._push.close(linger=linger)
-        self._dealer.close(linger=0 if linger is None else linger)
+        _close_pools(self._push, self._dealer, linger)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -515,6 +517,12 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<zqsync.Client {list(self.endpoints)}>"
+
+
+def _close_pools(push: SocketPool, dealer: SocketPool, linger: Optional[float] = None) -> None:
+    """Close a client's job pool (queued jobs get ``linger``, default the client's) and its rpc pool."""
+    push.close(linger=linger)
+    dealer.close(linger=0 if linger is None else linger)
 
 
 def _remote_error(reply: envelope.Reply) -> RemoteError:

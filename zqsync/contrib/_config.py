@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import weakref
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..client.client import Client
@@ -13,6 +14,8 @@ from ..wire.curve import Curve
 
 #: Seconds a client may spend flushing queued jobs when the process exits.
 EXIT_LINGER = 1.0
+#: Clients built here, held weakly: an app let go takes its client (and its sockets) with it.
+_built: "weakref.WeakSet[Client]" = weakref.WeakSet()
 
 
 def endpoint_list(value: Union[str, Sequence[str], None], *, setting: str) -> list[str]:
@@ -60,7 +63,8 @@ def client_options(options: Optional[Mapping[str, Any]], *, setting: str) -> dic
 
 def build_client(endpoints: Union[str, Sequence[str], None], options: Optional[Mapping[str, Any]], *,
                  endpoints_setting: str, options_setting: str) -> Client:
-    """A :class:`~zqsync.Client` for these settings, closed at interpreter exit within :data:`EXIT_LINGER` s.
+    """A :class:`~zqsync.Client` for these settings, closed at interpreter exit within :data:`EXIT_LINGER` s
+    if it is still in use then; one no longer referenced (its app let go) is garbage collected, sockets and all.
 
     Building a client opens no socket: each process (and each gevent hub or
     thread) opens its own on first use, so building it before gunicorn forks is safe.
@@ -69,5 +73,12 @@ def build_client(endpoints: Union[str, Sequence[str], None], options: Optional[M
     """
     client = Client(endpoint_list(endpoints, setting=endpoints_setting),
                     **client_options(options, setting=options_setting))
-    atexit.register(client.close, linger=EXIT_LINGER)
+    if not _built:
+        atexit.register(_close_built)  # one hook, holding no client (one per client kept every app's alive)
+    _built.add(client)
     return client
+
+
+def _close_built() -> None:
+    for client in list(_built):
+        client.close(linger=EXIT_LINGER)

@@ -30,7 +30,9 @@ Settings read from ``app.config`` by :meth:`Zqsync.init_app`:
     ``pool_size``, ``congestion``, ...); ``curve`` may be a pair of key file paths.
 
 The client lives in ``app.extensions["zqsync"]`` and is closed at process
-exit with a bounded linger (:data:`zqsync.contrib._config.EXIT_LINGER` seconds).
+exit with a bounded linger (:data:`zqsync.contrib._config.EXIT_LINGER` seconds);
+an app that is let go (an app factory's test app) takes its client and its
+sockets with it.
 """
 
 from __future__ import annotations
