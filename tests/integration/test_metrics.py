@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import subprocess
 import sys
 import urllib.request
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import zqsync
 from tests.helpers import wait_for
+from zqsync.contrib.prometheus import MetricsSync
 
 CALLS = 25
 
@@ -83,3 +86,37 @@ def test_prefork_supervisor_exports_the_sum_over_its_children(zq_worker, tmp_pat
     assert len(pids) == 2
     wait_for(lambda: scrape(port).get("zqsync_worker_calls_succeeded_total") == CALLS, timeout=30,
              what="the children's counters summed")
+
+
+def _enqueued(sync, registry) -> float:
+    sync.update()
+    return registry.get_sample_value("zqsync_client_enqueued_total")
+
+
+def test_a_client_that_goes_away_takes_none_of_the_counted_jobs_with_it(zq_worker):
+    worker = zq_worker()
+    registry = CollectorRegistry()
+    sync = MetricsSync(registry=registry)
+    first, second = zqsync.Client(worker.endpoint), zqsync.Client(worker.endpoint)
+    for client, jobs in ((first, 3), (second, 2)):
+        for _ in range(jobs):
+            client.enqueue("add", 1, 1)
+    assert _enqueued(sync, registry) == 5
+    first.close()
+    del first, client
+    gc.collect()
+    assert _enqueued(sync, registry) == 5, "the closed client's jobs stay counted, once"
+    second.enqueue("add", 1, 1)
+    assert _enqueued(sync, registry) == 6
+    second.close()
+
+
+def test_a_baseline_sync_counts_only_what_happens_after_it(zq_worker):
+    worker = zq_worker()
+    with zqsync.Client(worker.endpoint) as client:
+        client.enqueue("add", 1, 1)  # counted before the (forked child's) sync starts
+        registry = CollectorRegistry()
+        sync = MetricsSync(registry=registry, baseline=True)
+        assert _enqueued(sync, registry) == 0
+        client.enqueue("add", 1, 1)
+        assert _enqueued(sync, registry) == 1

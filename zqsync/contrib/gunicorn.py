@@ -27,13 +27,19 @@ log = logging.getLogger(__name__)
 EXIT_LINGER = 1.0
 
 
+#: This worker's metrics sync (``PROMETHEUS_MULTIPROC_DIR`` set), updated once more at exit.
+_metrics: Any = None
+
+
 def post_fork(server: Any, worker: Any) -> None:
-    """gunicorn ``post_fork`` hook: log, and export metrics when ``PROMETHEUS_MULTIPROC_DIR`` is set."""
+    """gunicorn ``post_fork`` hook: log, and export metrics when ``PROMETHEUS_MULTIPROC_DIR`` is set
+    (what the clients counted in the master before the fork is not counted again)."""
+    global _metrics
     log.debug("gunicorn worker %d forked; zqsync opens its own sockets on first use", os.getpid())
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from .prometheus import MetricsSync
 
-        MetricsSync().start()
+        _metrics = MetricsSync(baseline=True).start()
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -45,5 +51,9 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    """gunicorn ``worker_exit`` hook: close every zqsync client, bounded by :data:`EXIT_LINGER` seconds."""
+    """gunicorn ``worker_exit`` hook: export the metrics one last time (so a worker recycled by
+    ``--max-requests`` or ``HUP`` loses none), then close every zqsync client, bounded by
+    :data:`EXIT_LINGER` seconds."""
+    if _metrics is not None:
+        _metrics.update()
     close_all(linger=EXIT_LINGER)

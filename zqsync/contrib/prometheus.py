@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -40,6 +41,8 @@ CLIENT_COUNTERS = ("enqueued", "dropped", "confirmed", "confirm_retries", "calls
 POOL_COUNTERS = ("opened", "reused", "discarded_poisoned", "discarded_full", "waits", "wait_seconds",
                  "stale_replies", "forks_detected", "swept")
 POOL_GAUGES = ("open", "in_flight")
+#: ``Client.stats()`` keys of its two pools, the ``pool`` label's values.
+POOLS = ("push", "dealer")
 #: Worker counter keys mirrored as counters; ``in_flight`` is a gauge.
 #: ``confirmed_refused`` and ``journal_errors`` exist only with a journal (``--state-dir``); 0 otherwise.
 WORKER_COUNTERS = ("jobs_received", "plain_received", "jobs_replayed", "jobs_succeeded", "jobs_failed",
@@ -53,19 +56,30 @@ DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 class MetricsSync:
     """Mirrors zqsync's counters into ``prometheus_client`` metrics.
 
+    Counters grow by what each client (and the worker) counted since the
+    previous :meth:`update`, so a client that is closed or collected between
+    two updates loses only what it counted since the last one.
+
     :param worker: a :class:`zqsync.worker.server.Worker` whose counters and
         task durations to export, or ``None`` for a client-only process.
     :param registry: where the metrics live (default: the global registry).
+    :param baseline: count only what happens from now on: what the clients of
+        this process counted so far is taken as already exported (for a forked
+        child, whose clients carry the parent's numbers).
     """
 
-    def __init__(self, worker: Any = None, *, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, worker: Any = None, *, registry: CollectorRegistry = REGISTRY, baseline: bool = False) -> None:
         self.worker = worker
         self._last: dict[tuple, float] = {}
+        self._seen: "weakref.WeakKeyDictionary[Any, dict[tuple, float]]" = weakref.WeakKeyDictionary()
         self._counters: dict[str, Counter] = {}
         self._gauges: dict[str, Gauge] = {}
         self._define(registry)
         if worker is not None:
             worker.runner.durations.listeners.append(self._observe)
+        if baseline:
+            for client in live_clients():
+                self._seen[client] = _client_counts(client.stats())
 
     def _define(self, registry: CollectorRegistry) -> None:
         for key in CLIENT_COUNTERS:
@@ -97,22 +111,21 @@ class MetricsSync:
 
     def update(self) -> None:
         """Read the current counters and bring the metrics up to date."""
-        totals: dict[str, float] = dict.fromkeys(CLIENT_COUNTERS, 0)
-        pools: dict[str, dict[str, float]] = {"push": {}, "dealer": {}}
+        gauges: dict[tuple, float] = {(key, pool): 0 for key in POOL_GAUGES for pool in POOLS}
         for client in live_clients():
             stats = client.stats()
-            for key in CLIENT_COUNTERS:
-                totals[key] += stats[key]
-            for pool in pools:
-                for key, value in stats[pool].items():
-                    pools[pool][key] = pools[pool].get(key, 0) + value
-        for key, value in totals.items():
-            self._count(f"client_{key}", value)
-        for pool, stats in pools.items():
-            for key in POOL_COUNTERS:
-                self._count(f"pool_{key}", stats.get(key, 0), pool=pool)
-            for key in POOL_GAUGES:
-                self._gauges[f"pool_{key}"].labels(pool=pool).set(stats.get(key, 0))
+            counts = _client_counts(stats)
+            before = self._seen.get(client, {})
+            for (name, pool), value in counts.items():
+                delta = value - before.get((name, pool), 0.0)
+                if delta > 0:
+                    metric = self._counters[name]
+                    (metric.labels(pool=pool) if pool else metric).inc(delta)
+            self._seen[client] = counts
+            for key, pool in gauges:
+                gauges[(key, pool)] += stats[pool].get(key, 0)
+        for (key, pool), value in gauges.items():
+            self._gauges[f"pool_{key}"].labels(pool=pool).set(value)
         if self.worker is not None:
             counters = self.worker.runner.counters
             for key in WORKER_COUNTERS:
@@ -129,6 +142,14 @@ class MetricsSync:
 
         threading.Thread(target=loop, name="zqsync-metrics", daemon=True).start()
         return self
+
+
+def _client_counts(stats: dict[str, Any]) -> dict[tuple, float]:
+    """A client's counters from its ``stats()``: ``{(metric name, pool label or ""): value}``."""
+    counts: dict[tuple, float] = {(f"client_{key}", ""): stats[key] for key in CLIENT_COUNTERS}
+    for pool in POOLS:
+        counts.update({(f"pool_{key}", pool): stats[pool].get(key, 0) for key in POOL_COUNTERS})
+    return counts
 
 
 def multiprocess_registry() -> CollectorRegistry:
