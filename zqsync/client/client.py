@@ -11,15 +11,26 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
 
 from .. import _common
-from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, RemoteError, Unconfirmed, remote_error
+from ..errors import (
+    CallTimeout,
+    ClientClosed,
+    ConfigurationError,
+    PoolError,
+    RemoteError,
+    Unconfirmed,
+    ZqsyncWarning,
+    remote_error,
+)
 from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
@@ -508,6 +519,8 @@ class Client:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed(f"this Client of {list(self.endpoints)} is closed")
+        if not _warned_event_loop and _in_event_loop():
+            _warn_event_loop()
 
     def __enter__(self) -> "Client":
         return self
@@ -517,6 +530,26 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<zqsync.Client {list(self.endpoints)}>"
+
+
+_warned_event_loop = False
+
+
+def _in_event_loop() -> bool:
+    """Whether this thread runs an asyncio event loop (asyncio is never imported for the check)."""
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and asyncio._get_running_loop() is not None
+
+
+def _warn_event_loop() -> None:
+    """Say once per process that a blocking call was made from a thread running an asyncio event loop."""
+    global _warned_event_loop
+    _warned_event_loop = True
+    warnings.warn(
+        "zqsync.Client blocks its caller: called from a coroutine, it stalls the asyncio event loop for the whole "
+        "call. Run it in a thread instead: await asyncio.to_thread(client.call, ...) (said once per process)",
+        ZqsyncWarning, stacklevel=4,
+    )
 
 
 def _close_pools(push: SocketPool, dealer: SocketPool, linger: Optional[float] = None) -> None:
