@@ -126,6 +126,9 @@ def add_reload_option(worker: argparse.ArgumentParser) -> None:
                         help="development: run the worker in a child process and restart it (warm stop, then a "
                         "fresh start) whenever a file of the task module's package changes (needs the 'reload' "
                         "extra: watchfiles); with port 0 in --bind, each start picks new ports")
+    worker.add_argument("--reload-dir", action="append", default=[], metavar="DIR",
+                        help="with --reload: watch DIR instead of the task module's package (repeatable; "
+                        "manage.py zqsync_worker passes the Django project's directory)")
 
 
 def watched_paths(app: str) -> list[str]:
@@ -167,7 +170,10 @@ def run_with_reload(args: argparse.Namespace, argv: list[str]) -> int:
         import watchfiles
     except ImportError as exc:
         raise SystemExit(f"zqsync worker: --reload needs watchfiles: pip install 'zqsync[reload]' ({exc})") from exc
-    paths = watched_paths(args.app)
+    paths = [os.path.abspath(path) for path in args.reload_dir] or watched_paths(args.app)
+    missing = [path for path in paths if not os.path.isdir(path)]
+    if missing:
+        raise SystemExit(f"zqsync worker --reload-dir: no such directory: {', '.join(missing)}")
     if args.parent_pid is not None:
         threading.Thread(target=_stop_when_orphaned, args=(args.parent_pid,), daemon=True).start()
     command = shlex.join([sys.executable, "-m", "zqsync", *child_argv(argv)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -96,3 +97,30 @@ def test_two_apps_registering_one_task_name_stop_the_worker_with_both_names(tmp_
     assert result.returncode == 1
     assert result.stderr.strip().endswith(
         "ConfigurationError: task 'send' is registered by both billing.tasks and mail.tasks"), result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_manage_py_zqsync_worker_reload_restarts_on_an_edit_in_the_project(project, tmp_path):
+    pytest.importorskip("watchfiles")
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy, ignore=shutil.ignore_patterns("__pycache__", "*.sqlite3"))
+    ready = tmp_path / "ready"
+    command = [sys.executable, "manage.py", "zqsync_worker", "--", "--reload", "--bind", "tcp://127.0.0.1:0",
+               "--ready-file", str(ready), "--parent-pid", str(os.getpid())]
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(command, cwd=copy, env={**os.environ, "SHOP_ORDERS_LOG": str(tmp_path / "o.log")},
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()),
+                 timeout=60, what="the worker to listen")
+        assert proc.poll() is None, log_path.read_text()
+        ready.unlink()
+        with open(copy / "shop" / "tasks.py", "a") as tasks:
+            tasks.write("\n# edited\n")
+        wait_for(lambda: ready.exists() and ready.read_text().strip(), timeout=60, what="the restarted worker")
+        assert "tasks.py changed; restarting the worker" in log_path.read_text()
+        with zqsync.Client(ready.read_text().strip(), call_timeout=10.0) as client:
+            assert client.call("quote", 2, 100) == {"cents": 200, "currency": "EUR"}
+    finally:
+        stop_process(proc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import py_compile
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,11 @@ def test_editing_a_task_file_restarts_the_worker_with_the_new_code(tmp_path):
         assert not pid_alive(first_pid), "the old worker was stopped before the new one started"
         assert "reload: " in worker.output() and "tasks.py changed; restarting the worker" in worker.output()
     wait_for(lambda: not pid_alive(second_pid), what="the child to stop with the reloader")
+
+
+def test_a_reload_dir_that_does_not_exist_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nowhere"
+    result = subprocess.run([sys.executable, "-m", "zqsync", "worker", "zqsync.demo.tasks:registry", "--reload",
+                             "--reload-dir", str(missing)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"--reload-dir: no such directory: {missing}" in result.stderr

@@ -48,6 +48,8 @@ class Command(BaseCommand):
         project = os.path.abspath(sys.path[0] or os.getcwd())  # manage.py's directory
         path = os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")]))
         argv = [sys.executable, "-m", "zqsync", "worker", APP, *worker_argv(worker), *options["worker_args"]]
+        if "--reload" in argv:  # watch the project, not the installed zqsync package that APP lives in
+            argv += ["--reload-dir", project]
         sys.stdout.flush()
         sys.stderr.flush()
         # exec, not a child: the pid stays the same, so TERM from systemd, a
