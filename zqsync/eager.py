@@ -22,6 +22,7 @@ import os
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Optional
 
 from .client.client import Client, _remote_error, _task_name
+from .client.jobs import Job
 from .errors import RemoteError, remote_error
 from .wire import envelope
 from .worker.registry import Registry
@@ -110,15 +111,15 @@ def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecor
     recorder = EagerRecorder(registry, propagate=propagate)
     saved = Client.enqueue, Client.enqueue_with_options, Client.call_with_options
 
-    def enqueue(self: Client, task: str, *args: Any, **kwargs: Any) -> str:  # its fast path never sees options
+    def enqueue(self: Client, task: str, *args: Any, **kwargs: Any) -> Job[Any]:  # its fast path never sees options
         return self.enqueue_with_options(task, args=args, kwargs=kwargs)
 
     def enqueue_with_options(self: Client, task: str, *, args: Iterable[Any] = (),
                              kwargs: Optional[Mapping[str, Any]] = None, job_id: Optional[str] = None,
-                             **_options: Any) -> str:
+                             **_options: Any) -> Job[Any]:
         frame = envelope.encode_request("job", job_id or os.urandom(16).hex(), _task_name(task), tuple(args),
                                         dict(kwargs or {}))
-        return recorder.run_job(frame)
+        return Job(recorder.run_job(frame), self)
 
     def call_with_options(self: Client, task: str, *, args: Iterable[Any] = (),
                           kwargs: Optional[Mapping[str, Any]] = None, **_options: Any) -> Any:

@@ -38,7 +38,7 @@ from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
 from . import express, notices, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
-from .jobs import JobStatus
+from .jobs import Job, JobStatus
 from .pool import SocketPool
 from .rendezvous import FAILOVER_ATTEMPTS, Down, Route, rank
 from .routes import Routes
@@ -146,12 +146,13 @@ class Client:
 
     # -- enqueue -----------------------------------------------------------
 
-    def enqueue(self, task: str, *args: Any, **kwargs: Any) -> str:
+    def enqueue(self, task: str, *args: Any, **kwargs: Any) -> Job[Any]:
         """Send a job, at most once, over a pooled DEALER socket (the worker only sends stopping notices back).
 
         :param task: registered task name; ``args``/``kwargs`` go to the task
             and must be msgpack-serialisable.
-        :returns: the job id (32 hex characters).
+        :returns: the job id (32 hex characters), as a :class:`~zqsync.client.jobs.Job`: a ``str`` with
+            ``result()``, ``status()`` and ``cancel()``.
         :raises Congested: BLOCK and no worker took the job within ``send_timeout``.
         :raises ProtocolError: an argument cannot be serialised.
         :raises PoolError: no pooled socket came free within ``lease_timeout``.
@@ -163,7 +164,7 @@ class Client:
             return self.enqueue_with_options(task, args=args, kwargs=kwargs)
         job_id = os.urandom(16).hex()
         frame = envelope.encode_request("job", job_id, _task_name(task), args, kwargs)
-        return self._send_job(frame, job_id, self.congestion, None)
+        return Job(self._send_job(frame, job_id, self.congestion, None), self)
 
     def enqueue_with_options(
         self,
@@ -179,7 +180,7 @@ class Client:
         eta: Optional[datetime.datetime] = None,
         store_result: bool = False,
         deadline: Optional[float] = None,
-    ) -> str:
+    ) -> Job[Any]:
         """Send a job with per-call options; see :meth:`enqueue`.
 
         :param args: positional task arguments (sequence).
@@ -250,9 +251,9 @@ class Client:
             total = self.settings.confirm_timeout if send_timeout is None else send_timeout
             self._confirm(frame, job_id, task, total)
             self._counts["confirmed"] += 1
-            return job_id
+            return Job(job_id, self)
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
-        return self._send_job(frame, job_id, mode, send_timeout)
+        return Job(self._send_job(frame, job_id, mode, send_timeout), self)
 
     def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""

@@ -12,9 +12,14 @@ or its status may have been pruned (``--keep-done`` seconds after it finished).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Generic, Mapping, Optional, TypeVar
 
 from ..errors import RemoteError, remote_error
+
+if TYPE_CHECKING:
+    from .client import Client
+
+R = TypeVar("R")
 
 #: States after which a job never changes again.
 FINISHED = ("done", "failed", "dead", "cancelled")
@@ -88,3 +93,36 @@ class JobStatus:
 
 
 __all__ = ["FINISHED", "JobStatus"]
+
+
+class Job(str, Generic[R]):
+    """A job id, as ``enqueue`` returns it: a ``str`` (compared, hashed, encoded and pickled as the
+    plain id) that remembers the client that sent it.
+
+    ``Job[R]`` is the job of a task returning ``R`` (``TaskHandle[P, R].enqueue``), so a type
+    checker knows what :meth:`result` returns.
+
+    :ivar client: the :class:`~zqsync.Client` that sent it (a route's client for a routed task).
+    """
+
+    client: "Client"
+
+    def __new__(cls, job_id: str, client: "Client") -> "Job[R]":
+        job = super().__new__(cls, job_id)
+        job.client = client
+        return job
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (str, (str(self),))
+
+    def result(self, *, timeout: Optional[float] = None) -> R:
+        """:meth:`Client.result <zqsync.Client.result>` of this job: blocks until it finishes."""
+        return self.client.result(self, timeout=timeout)  # type: ignore[no-any-return]
+
+    def status(self, *, timeout: Optional[float] = None) -> JobStatus:
+        """:meth:`Client.job <zqsync.Client.job>` of this job."""
+        return self.client.job(self, timeout=timeout)
+
+    def cancel(self, *, timeout: Optional[float] = None) -> JobStatus:
+        """:meth:`Client.cancel <zqsync.Client.cancel>` of this job."""
+        return self.client.cancel(self, timeout=timeout)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, NamedTuple, Optional, TypeVar, overload
+from typing import Any, Callable, NamedTuple, Optional, overload
 
 from ..beat import Periodic
 from ..errors import ConfigurationError
 from ..wire.envelope import MAX_TASK_NAME
+from .handles import P, R, TaskHandle
 
-F = TypeVar("F", bound=Callable[..., Any])
 #: Names under this prefix are the worker's built-in tasks.
 RESERVED_PREFIX = "zqsync."
 #: Exception types a task's ``retry_on`` may list.
@@ -157,7 +157,7 @@ class Registry:
         self.middleware.append(middleware)
 
     @overload
-    def task(self, fn: F) -> F: ...
+    def task(self, fn: Callable[P, R]) -> TaskHandle[P, R]: ...
 
     @overload
     def task(
@@ -171,11 +171,11 @@ class Registry:
         max_delay: Optional[float] = None,
         jitter: float = 0.0,
         store_result: bool = False,
-    ) -> Callable[[F], F]: ...
+    ) -> Callable[[Callable[P, R]], TaskHandle[P, R]]: ...
 
     def task(
         self,
-        fn: Optional[F] = None,
+        fn: Optional[Callable[..., Any]] = None,
         *,
         name: Optional[str] = None,
         time_limit: Optional[float] = None,
@@ -201,17 +201,18 @@ class Registry:
             that jobs failing together do not retry together.
         :param store_result: keep the status and result of its plain (not confirmed) jobs in the
             worker's memory, bounded, for ``keep_done`` seconds (``client.job``, ``client.result``).
-        :returns: ``fn`` itself, unchanged, so it stays callable locally.
+        :returns: a :class:`~zqsync.worker.handles.TaskHandle`: still callable as ``fn`` (it runs
+            here), with ``enqueue``, ``call``, their ``_with_options`` forms and ``using(client)``.
         :raises ConfigurationError: the name is taken, reserved, or too long,
             ``time_limit`` is not a positive number, retries/backoff/max_delay
             are negative, ``jitter`` is outside 0..1, or ``retry_on`` holds a
             non-exception.
         """
 
-        def register(function: F) -> F:
-            self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff,
-                     retry_on=retry_on, max_delay=max_delay, jitter=jitter, store_result=store_result)
-            return function
+        def register(function: Callable[..., Any]) -> TaskHandle[Any, Any]:
+            return TaskHandle(self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff,
+                                       retry_on=retry_on, max_delay=max_delay, jitter=jitter,
+                                       store_result=store_result))
 
         return register(fn) if fn is not None else register
 
@@ -242,7 +243,7 @@ class Registry:
         kwargs: Optional[dict] = None,
         name: Optional[str] = None,
         **options: Any,
-    ) -> Callable[[F], F]:
+    ) -> Callable[[Callable[P, R]], TaskHandle[P, R]]:
         """Register a task that ``zqsync beat MODULE:registry ENDPOINT...`` enqueues on a schedule.
 
         Usage: ``@registry.periodic(cron="*/5 * * * *")`` or ``@registry.periodic(every=30.0)``.
@@ -260,12 +261,12 @@ class Registry:
             (neither or both of ``every`` and ``cron``, a bad expression, an unknown ``catch_up``).
         """
 
-        def register(function: F) -> F:
+        def register(function: Callable[P, R]) -> TaskHandle[P, R]:
             label = str(name or getattr(function, "__name__", ""))
             schedule = Periodic.build(label, every=every, cron=cron, catch_up=catch_up, args=args, kwargs=kwargs)
             task = self.add(function, name=name, **options)
             self.periodic_jobs[task.name] = schedule._replace(task=task.name)
-            return function
+            return TaskHandle(task)
 
         return register
 
