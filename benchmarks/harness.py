@@ -208,9 +208,9 @@ class _NoBar:
 
 
 def progress(total: int, desc: str) -> Any:
-    """A tqdm bar on stderr, or a do-nothing stand-in when tqdm is missing."""
+    """A tqdm bar on stderr when it is a terminal, or a do-nothing stand-in when tqdm is missing."""
     if tqdm is not None:
-        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, disable=None)
     return _NoBar()
 
 

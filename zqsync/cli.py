@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pooled ZeroMQ job enqueue and RPC for gevent and synchronous Python.",
         epilog=EPILOG,
     )
-    parser.add_argument("--version", action="version", version=f"zqsync {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"zqsync {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     add_logging_options(common)
     curve_client = argparse.ArgumentParser(add_help=False)

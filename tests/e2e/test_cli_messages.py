@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import zqsync
 from tests.helpers import wait_for
 
@@ -14,8 +16,9 @@ def zqsync_cli(*args: str, cwd: str | None = None, timeout: float = 60.0) -> sub
                           timeout=timeout)
 
 
-def test_version_prints_the_package_version():
-    result = zqsync_cli("--version")
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_the_package_version(flag):
+    result = zqsync_cli(flag)
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"zqsync {zqsync.__version__}\n"
 

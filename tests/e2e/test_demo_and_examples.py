@@ -17,6 +17,7 @@ def test_zqsync_demo_exits_zero_and_shows_reuse(root):
     assert "300 ok" in result.stdout
     assert result.stdout.count("DEALER identities") >= 1  # one line per gunicorn process that served
     assert "result: OK" in result.stdout
+    assert "\r" not in result.stderr, "a progress bar redrew into a log (stderr is not a terminal)"
 
 
 def test_sync_script_runs_without_importing_gevent(zq_worker, root):

@@ -100,7 +100,9 @@ def run_demo(*, requests: int, concurrency: int, web_workers: int, preload: bool
             workers=web_workers, preload=preload, env={"ZQSYNC_ENDPOINT": worker.endpoint},
         )
         with web:
-            with tqdm(total=requests, desc="requests", unit="req", file=sys.stderr, mininterval=0.5) as bar:
+            # disable=None: no bar unless stderr is a terminal (a log gets no redraws)
+            with tqdm(total=requests, desc="requests", unit="req", file=sys.stderr, mininterval=0.5,
+                      disable=None) as bar:
                 driver = _Driver(web.url, requests, concurrency, bar)
                 elapsed = driver.run()
             with Client(worker.endpoint, call_timeout=10.0) as client:
