@@ -22,8 +22,8 @@ from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, R
 from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
-from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
-from . import express, notices, transport
+from ..wire.endpoints import split_endpoint
+from . import discovery, express, notices, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import JobStatus
@@ -94,20 +94,16 @@ class Client:
         own = tuple(names)
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
-        check_distinct([parse_endpoint(name) for name in names], names)
-        pairs = [split_endpoint(name) for name in names]
-        self.endpoints: tuple[str, ...] = tuple(jobs for jobs, _ in pairs)
-        self._jobs_address = self.endpoints if len(pairs) > 1 else self.endpoints[0]
-        rpc = tuple(rpc for _, rpc in pairs)
-        self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
-        self._rpc_endpoints = rpc
-        self._down = Down()
         self.settings = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
+        self._discovery = discovery.discovery_for(names, self.settings)
+        self._base: tuple[str, ...] = () if self._discovery else own
+        self._use(self._base)
+        self._down = Down()
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
-        self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options, send_only=True)
+        self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options, send_only=True)
         self._avoided = notices.Avoided()
-        self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options)
+        self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options)
         self._counts = dict.fromkeys(
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )
@@ -118,6 +114,36 @@ class Client:
             names: Client(list(names), settings=self.settings, curve=curve)
             for names in self._routes.endpoint_sets() if names != own
         }
+
+    def _use(self, base: tuple[str, ...]) -> None:
+        """Send to the workers at the ``base`` endpoints from now on."""
+        pairs = [split_endpoint(name) for name in base]
+        self.endpoints: tuple[str, ...] = tuple(jobs for jobs, _ in pairs)
+        self._jobs_address: Any = self.endpoints if len(pairs) != 1 else self.endpoints[0]
+        self._rpc_endpoints = tuple(rpc for _, rpc in pairs)
+        self._rpc_address: Any = self._rpc_endpoints if len(pairs) != 1 else self._rpc_endpoints[0]
+
+    def _rediscover(self) -> None:
+        """Follow the endpoints the names resolve to now (``discovery.py``): dial the workers that appeared,
+        drain the sockets to those that left (closed with the linger, after the request in flight).
+
+        :raises PoolError: no name resolved to any address yet.
+        """
+        assert self._discovery is not None
+        base = self._discovery.current()
+        if base == self._base:
+            return
+        old = {self._jobs_address, self._rpc_address}
+        self._base = base
+        self._use(base)
+        kept = {*self.endpoints, *self._rpc_endpoints}
+        log.info("worker endpoints now %s", ", ".join(base))
+
+        def stale(address: Any) -> bool:
+            return address in old or any(name not in kept for name in discovery.members(address))
+
+        self._push.drain(stale)
+        self._dealer.drain(stale)
 
     def route(self, task: str) -> "Client":
         """The client that sends ``task``: this one, or the one of the route its name matches."""
@@ -242,6 +268,8 @@ class Client:
 
     def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
+        if self._discovery is not None:
+            self._rediscover()
         address = self._avoided.address(self.endpoints, self._jobs_address)
         if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, address, frame):
             self._counts["enqueued"] += 1
@@ -276,6 +304,8 @@ class Client:
         """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
+        if self._discovery is not None:
+            self._rediscover()
         route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry, self._down)
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
@@ -423,11 +453,13 @@ class Client:
     def _locate(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> tuple["Client", JobStatus]:
         """The client whose workers hold ``job_id`` (this one first, then each route's) and its status."""
         unanswered: list[str] = []
+        if self._discovery is not None:
+            self._rediscover()
         for rpc in rank(job_id, self._rpc_endpoints):
             try:
                 status = self._admin(admin, (job_id,), rpc, timeout)
             except (CallTimeout, PoolError):
-                unanswered.append(self.endpoints[self._rpc_endpoints.index(rpc)])
+                unanswered.append(_base_of(rpc))
                 continue
             if status.state != "unknown":
                 return self, status
@@ -443,10 +475,10 @@ class Client:
         reply = self._call_at(name, args, {}, timeout, address=rpc)
         if not reply.ok:
             raise _remote_error(reply)
-        return JobStatus.from_reply(reply.result, self.endpoints[self._rpc_endpoints.index(rpc)])
+        return JobStatus.from_reply(reply.result, _base_of(rpc))
 
     def _rpc_of(self, endpoint: str) -> str:
-        return self._rpc_endpoints[self.endpoints.index(endpoint)]
+        return split_endpoint(endpoint)[1]
 
     def _request(
         self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
@@ -454,6 +486,8 @@ class Client:
         """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
         ``timeout`` seconds in all."""
         deadline = time.monotonic() + timeout
+        if self._discovery is not None:
+            self._rediscover()
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
         with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
             return self._round_trip(sock, frame, request_id, task, timeout, deadline)
@@ -479,11 +513,13 @@ class Client:
 
         :returns: ``{"enqueued", "dropped", "confirmed", "confirm_retries", "calls",
             "call_errors", "call_timeouts"}``
-            as ints, plus ``"push"`` and ``"dealer"``: each pool's
+            as ints, ``"endpoints"``: the workers' base endpoints in use now (a DNS name's
+            addresses as last resolved, ``discovery.py``), plus ``"push"`` and ``"dealer"``: each pool's
             :meth:`SocketPool.stats`; with routes, ``"routes"``:
             ``{"ENDPOINT, ...": that route's stats}``.
         """
         result: dict[str, Any] = dict(self._counts)
+        result["endpoints"] = list(self.endpoints)
         result["push"] = self._push.stats()
         result["dealer"] = self._dealer.stats()
         if self._routed:
@@ -515,6 +551,12 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<zqsync.Client {list(self.endpoints)}>"
+
+
+def _base_of(rpc: str) -> str:
+    """A worker's base endpoint from its rpc endpoint (PORT+1)."""
+    host, _, port = rpc.rpartition(":")
+    return f"{host}:{int(port) - 1}"
 
 
 def _remote_error(reply: envelope.Reply) -> RemoteError:

@@ -1,0 +1,20 @@
+"""Tasks for the DNS discovery tests: each worker says who it is (``ZQSYNC_TEST_WORKER``) and logs its jobs."""
+
+import os
+
+from zqsync.worker import Registry
+
+registry = Registry()
+
+
+@registry.task
+def where() -> str:
+    """The name the test gave this worker."""
+    return os.environ["ZQSYNC_TEST_WORKER"]
+
+
+@registry.task
+def note(key: str) -> None:
+    """Append ``key`` to this worker's log (``ZQSYNC_TEST_LOG``): the tests count jobs at the workers."""
+    with open(os.environ["ZQSYNC_TEST_LOG"], "a") as handle:
+        handle.write(f"{key}\n")

@@ -1,0 +1,231 @@
+"""Discovery by DNS (issue 23, item 3): a name's every address gets work, and its changes are followed.
+
+A real resolver runs on loopback (``tests/dns_server.py``, dnspython, answering from a file the test
+rewrites); the clients ask it through the ``resolver`` setting. Workers listen on 127.0.0.2, .3, .4
+(Linux routes all of 127/8 to lo) on one port, and say who they are (``dns_tasks.py``): every claim
+is checked from the workers' side, by what they answered, logged or counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import zqsync
+from tests.helpers import slack, wait_for
+from zqsync.client.rendezvous import rank
+
+pytest.importorskip("dns.resolver", reason="dnspython (zqsync[dns]) is not installed")
+
+APP = "tests.integration.dns_tasks:registry"
+HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+
+class Zone:
+    """The test nameserver's records: ``set()`` them, ``resolver`` is where it listens."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.set()
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent.parent / "dns_server.py"), str(path)],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.resolver = f"127.0.0.1:{int(self.proc.stdout.readline())}"
+
+    def set(self, ttl: int = 30, **records: dict) -> None:
+        """Replace every record, atomically: ``set(A={"name": [addresses]}, SRV={...})``."""
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({"ttl": ttl, **records}))
+        os.replace(temporary, self.path)
+
+    def questions(self) -> list[str]:
+        log = Path(f"{self.path}.log")
+        return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.fixture
+def zone(tmp_path):
+    zone = Zone(tmp_path / "zone.json")
+    yield zone
+    zone.proc.kill()
+    zone.proc.wait()
+    zone.proc.stdout.close()
+
+
+@pytest.fixture
+def workers(zq_worker, tmp_path):
+    """``workers(n, port=0, hosts=HOSTS, journal=False)``: ``n`` workers on ``hosts[:n]``, all on one port
+    (the first one's ephemeral port unless given), with a journal each if asked; returns ``(port, [worker])``."""
+
+    def start(count: int, port: int = 0, hosts: tuple = HOSTS, journal: bool = False) -> tuple[int, list]:
+        started = []
+        for host in hosts[:count]:
+            env = {"ZQSYNC_TEST_WORKER": host, "ZQSYNC_TEST_LOG": str(tmp_path / f"{host}.log")}
+            state = ["--state-dir", str(tmp_path / f"{host}.state")] if journal else []
+            worker = zq_worker(APP, bind=f"tcp://{host}:{port}", env=env, extra_args=state)
+            port = port or int(worker.endpoint.rpartition(":")[2])
+            started.append(worker)
+        return port, started
+
+    return start
+
+
+def jobs_at(tmp_path: Path, host: str) -> list[str]:
+    log = tmp_path / f"{host}.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def answered(client: zqsync.Client, calls: int) -> set[str]:
+    return {client.call("where") for _ in range(calls)}
+
+
+def test_a_name_with_three_addresses_sends_calls_and_jobs_to_all_three(zone, workers, tmp_path):
+    port, _ = workers(3)
+    zone.set(A={"workers.test": list(HOSTS)})
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver) as client:
+        assert answered(client, 60) == set(HOSTS)
+        assert sorted(client.stats()["endpoints"]) == [f"tcp://{host}:{port}" for host in HOSTS]
+        sent = 0
+
+        def each_worker_ran_one() -> bool:  # a job at a time: ZeroMQ spreads over the connections it has
+            nonlocal sent
+            client.enqueue("note", f"job-{sent}")
+            sent += 1
+            return all(jobs_at(tmp_path, host) for host in HOSTS)
+
+        wait_for(each_worker_ran_one, interval=0.005, what="a job at each of the 3 workers")
+    wait_for(lambda: len(_ran(tmp_path)) == sent, what="every job to run")
+    assert sorted(_ran(tmp_path)) == sorted(f"job-{n}" for n in range(sent))
+
+
+CALLS_FROM_A_PRIVATE_HOSTS_FILE = """
+import sys, zqsync
+with zqsync.Client(sys.argv[1]) as client:
+    print(sorted({client.call("where") for _ in range(60)}))
+"""
+
+
+def test_the_systems_resolver_gives_every_address_of_a_name(workers, tmp_path):
+    """No ``resolver``: ``getaddrinfo``, here reading a private ``/etc/hosts`` (a mount namespace of the
+    client's own, so the machine's file is untouched) that lists the name three times."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1), for a private /etc/hosts in a mount namespace")
+    port, _ = workers(3)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{host} workers.test\n" for host in HOSTS))
+    command = f"mount --bind {hosts} /etc/hosts && exec {sys.executable} -c '{CALLS_FROM_A_PRIVATE_HOSTS_FILE}' \"$0\""
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", command, f"tcp://workers.test:{port}"],
+                          capture_output=True, text=True, timeout=slack(60))
+    if done.returncode and "mount" in done.stderr and "zqsync" not in done.stderr:
+        pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sorted(HOSTS))
+
+
+def test_an_address_added_gets_work_within_two_resolve_intervals(zone, workers):
+    port, _ = workers(3)
+    zone.set(A={"workers.test": list(HOSTS[:2])})
+    interval = 1.0
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=interval) as client:
+        assert answered(client, 30) == set(HOSTS[:2])
+        zone.set(A={"workers.test": list(HOSTS)})
+        changed = time.monotonic()
+        while client.call("where") != HOSTS[2]:
+            assert time.monotonic() - changed < slack(2 * interval), "the added worker got no call in time"
+        assert len(client.stats()["endpoints"]) == 3
+
+
+def test_a_shorter_ttl_than_the_interval_is_honoured(zone, workers):
+    port, _ = workers(2)
+    zone.set(ttl=1, A={"workers.test": [HOSTS[0]]})
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=600) as client:
+        assert answered(client, 5) == {HOSTS[0]}
+        zone.set(ttl=1, A={"workers.test": list(HOSTS[:2])})
+        changed = time.monotonic()
+        while client.call("where") != HOSTS[1]:
+            assert time.monotonic() - changed < slack(2.0), "the 1 s TTL was not honoured"
+
+
+def test_an_address_removed_is_drained_and_dropped_without_losing_a_job(zone, workers, tmp_path):
+    port, started = workers(3)
+    zone.set(A={"workers.test": list(HOSTS)})
+    removed = started[2]
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=0.5) as client:
+        sent = [client.enqueue("note", f"before-{i}") for i in range(300)]
+        assert answered(client, 30) == set(HOSTS)
+        zone.set(A={"workers.test": list(HOSTS[:2])})
+        n = 0
+        while len(client.stats()["endpoints"]) == 3:  # jobs go on while the client has not looked again
+            sent.append(client.enqueue("note", f"during-{n}"))
+            n += 1
+            time.sleep(0.005)
+        after = [client.enqueue("note", f"after-{i}") for i in range(300)]
+        assert answered(client, 30) == set(HOSTS[:2])
+        # Dropped: the removed worker sees every connection of this client closed, while it still runs.
+        wait_for(lambda: _closed_all(removed.stats()), what="the removed worker's connections to close")
+    wait_for(lambda: len(_ran(tmp_path)) >= len(sent) + len(after), what="every accepted job to run")
+    expected = [*(f"before-{i}" for i in range(300)), *(f"during-{i}" for i in range(n)),
+                *(f"after-{i}" for i in range(300))]
+    assert sorted(_ran(tmp_path)) == sorted(expected)
+    assert not [key for key in jobs_at(tmp_path, HOSTS[2]) if key.startswith("after-")]
+
+
+def _closed_all(stats: dict) -> bool:
+    """Every job and call connection closed, but the one of the test's stats probe (``WorkerProcess.stats``)."""
+    return (stats["disconnections_jobs"] == stats["connections_jobs"] > 0
+            and stats["disconnections_rpc"] == stats["connections_rpc"] - 1 > 0)
+
+
+def _ran(tmp_path: Path) -> list[str]:
+    """The keys of every job the workers ran."""
+    return [key for host in HOSTS for key in jobs_at(tmp_path, host)]
+
+
+def test_an_added_address_takes_over_only_the_confirmed_job_ids_that_now_prefer_it(zone, workers, tmp_path):
+    """Each worker journals the ids it accepted and drops a duplicate: sending the same ids again after a
+    third address appears runs again exactly the ids whose preferred worker is now the new one."""
+    port, _ = workers(3, journal=True)
+    zone.set(A={"workers.test": list(HOSTS[:2])})
+    ids = [f"id-{n}" for n in range(60)]
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=0.2) as client:
+        for job_id in ids:
+            client.enqueue_with_options("note", args=(job_id,), confirm=True, job_id=job_id)
+        zone.set(A={"workers.test": list(HOSTS)})
+        wait_for(lambda: answered(client, 3) and len(client.stats()["endpoints"]) == 3, what="the third address")
+        for job_id in ids:
+            client.enqueue_with_options("note", args=(job_id,), confirm=True, job_id=job_id)
+    rpc = {host: f"tcp://{host}:{port + 1}" for host in HOSTS}  # rendezvous ranks the rpc endpoints
+    must_move = sorted(job_id for job_id in ids if rank(job_id, list(rpc.values()))[0] == rpc[HOSTS[2]])
+    assert 5 < len(must_move) < 40  # about a third
+    wait_for(lambda: sorted(jobs_at(tmp_path, HOSTS[2])) == must_move, what="the moved ids to run at the new worker")
+    for host in HOSTS[:2]:  # the others ran each id they prefer among two, once
+        assert sorted(jobs_at(tmp_path, host)) == sorted(i for i in ids if rank(i, [rpc[h] for h in HOSTS[:2]])[0] == rpc[host])
+
+
+def test_srv_records_give_each_workers_host_and_port(zone, workers):
+    first, _ = workers(1)
+    second, _ = workers(1, hosts=HOSTS[1:])  # on a port of its own: only its SRV record tells it
+    assert first != second
+    zone.set(A={"one.test": [HOSTS[0]], "two.test": [HOSTS[1]]},
+             SRV={"_zqsync._tcp.svc.test": [[0, 0, first, "one.test"], [0, 0, second, "two.test"]]})
+    with zqsync.Client("srv://svc.test", resolver=zone.resolver) as client:
+        assert answered(client, 40) == set(HOSTS[:2])
+        assert sorted(client.stats()["endpoints"]) == sorted([f"tcp://{HOSTS[0]}:{first}",
+                                                              f"tcp://{HOSTS[1]}:{second}"])
+
+
+def test_literal_addresses_are_never_looked_up(zone, workers):
+    port, _ = workers(1)
+    with zqsync.Client(f"tcp://{HOSTS[0]}:{port}", resolver=zone.resolver, resolve_interval=0.1) as client:
+        for _ in range(20):
+            client.call("where")
+            time.sleep(0.01)
+        assert client.stats()["endpoints"] == [f"tcp://{HOSTS[0]}:{port}"]
+    assert zone.questions() == []
