@@ -132,7 +132,7 @@ def _resolver(name: str, value: Any) -> str:
     """``""`` (the system's resolver) or a nameserver ``HOST[:PORT]``."""
     text = str(value).strip()
     if text:
-        nameserver(text)
+        nameserver(text, name)
     return text
 
 

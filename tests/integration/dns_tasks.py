@@ -18,3 +18,15 @@ def note(key: str) -> None:
     """Append ``key`` to this worker's log (``ZQSYNC_TEST_LOG``): the tests count jobs at the workers."""
     with open(os.environ["ZQSYNC_TEST_LOG"], "a") as handle:
         handle.write(f"{key}\n")
+
+
+_clients: dict = {}
+
+
+@registry.task
+def forward(endpoint: str, resolver: str) -> str:
+    """Call ``where`` on the workers at ``endpoint`` through a client kept by this worker (its stats list it)."""
+    import zqsync
+
+    client = _clients.get(endpoint) or _clients.setdefault(endpoint, zqsync.Client(endpoint, resolver=resolver))
+    return client.call("where")

@@ -21,6 +21,7 @@ import pytest
 import zqsync
 from tests.helpers import slack, wait_for
 from zqsync.client.rendezvous import rank
+from zqsync.testing import run_in_fork
 
 pytest.importorskip("dns.resolver", reason="dnspython (zqsync[dns]) is not installed")
 
@@ -83,14 +84,27 @@ def jobs_at(tmp_path: Path, host: str) -> list[str]:
 
 
 def answered(client: zqsync.Client, calls: int) -> set[str]:
+    """The workers that answered ``calls`` calls."""
     return {client.call("where") for _ in range(calls)}
+
+
+def reaches(client: zqsync.Client, hosts) -> None:
+    """Wait until calls have reached each of ``hosts`` and no other (connections complete one by one)."""
+    seen: set[str] = set()
+
+    def every_one() -> bool:
+        seen.update(answered(client, 5))
+        assert seen <= set(hosts), f"calls reached {seen - set(hosts)}"
+        return seen == set(hosts)
+
+    wait_for(every_one, what=f"calls to reach each of {hosts}")
 
 
 def test_a_name_with_three_addresses_sends_calls_and_jobs_to_all_three(zone, workers, tmp_path):
     port, _ = workers(3)
     zone.set(A={"workers.test": list(HOSTS)})
     with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver) as client:
-        assert answered(client, 60) == set(HOSTS)
+        reaches(client, HOSTS)
         assert sorted(client.stats()["endpoints"]) == [f"tcp://{host}:{port}" for host in HOSTS]
         sent = 0
 
@@ -134,7 +148,7 @@ def test_an_address_added_gets_work_within_two_resolve_intervals(zone, workers):
     zone.set(A={"workers.test": list(HOSTS[:2])})
     interval = 1.0
     with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=interval) as client:
-        assert answered(client, 30) == set(HOSTS[:2])
+        reaches(client, HOSTS[:2])
         zone.set(A={"workers.test": list(HOSTS)})
         changed = time.monotonic()
         while client.call("where") != HOSTS[2]:
@@ -159,7 +173,7 @@ def test_an_address_removed_is_drained_and_dropped_without_losing_a_job(zone, wo
     removed = started[2]
     with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=0.5) as client:
         sent = [client.enqueue("note", f"before-{i}") for i in range(300)]
-        assert answered(client, 30) == set(HOSTS)
+        reaches(client, HOSTS)
         zone.set(A={"workers.test": list(HOSTS[:2])})
         n = 0
         while len(client.stats()["endpoints"]) == 3:  # jobs go on while the client has not looked again
@@ -167,7 +181,7 @@ def test_an_address_removed_is_drained_and_dropped_without_losing_a_job(zone, wo
             n += 1
             time.sleep(0.005)
         after = [client.enqueue("note", f"after-{i}") for i in range(300)]
-        assert answered(client, 30) == set(HOSTS[:2])
+        reaches(client, HOSTS[:2])
         # Dropped: the removed worker sees every connection of this client closed, while it still runs.
         wait_for(lambda: _closed_all(removed.stats()), what="the removed worker's connections to close")
     wait_for(lambda: len(_ran(tmp_path)) >= len(sent) + len(after), what="every accepted job to run")
@@ -216,9 +230,57 @@ def test_srv_records_give_each_workers_host_and_port(zone, workers):
     zone.set(A={"one.test": [HOSTS[0]], "two.test": [HOSTS[1]]},
              SRV={"_zqsync._tcp.svc.test": [[0, 0, first, "one.test"], [0, 0, second, "two.test"]]})
     with zqsync.Client("srv://svc.test", resolver=zone.resolver) as client:
-        assert answered(client, 40) == set(HOSTS[:2])
+        reaches(client, HOSTS[:2])
         assert sorted(client.stats()["endpoints"]) == sorted([f"tcp://{HOSTS[0]}:{first}",
                                                               f"tcp://{HOSTS[1]}:{second}"])
+
+
+def test_zqsync_stats_shows_the_endpoints_a_name_stands_for(zone, workers):
+    port, _ = workers(3)
+    zone.set(A={"front.test": [HOSTS[0]], "back.test": list(HOSTS[1:])})
+    seen: set[str] = set()
+    with zqsync.Client(f"tcp://{HOSTS[0]}:{port}") as front:
+        wait_for(lambda: seen.update(front.call("forward", f"tcp://back.test:{port}", zone.resolver)
+                                     for _ in range(5)) or seen == set(HOSTS[1:]), what="forwarded calls at both")
+    done = subprocess.run([sys.executable, "-m", "zqsync", "stats", f"tcp://front.test:{port}"], capture_output=True,
+                          text=True, timeout=slack(60), env={**os.environ, "ZQSYNC_RESOLVER": zone.resolver})
+    assert done.returncode == 0, done.stderr
+    assert f"tcp://front.test:{port} resolves to tcp://{HOSTS[0]}:{port}" in done.stdout
+    (in_tasks,) = [line for line in done.stdout.splitlines() if "in tasks" in line]
+    listed = in_tasks.split(" to ", 1)[1].split(": ", 1)[0]
+    assert sorted(listed.split(", ")) == [f"tcp://{host}:{port}" for host in HOSTS[1:]], done.stdout
+
+
+def test_a_name_unknown_at_first_use_raises_and_one_gone_later_keeps_its_last_addresses(zone, workers, caplog):
+    port, _ = workers(1)
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=0.1) as client:
+        with pytest.raises(zqsync.PoolError, match=f"tcp://workers.test:{port}: no address"):
+            client.call("where")
+        zone.set(A={"workers.test": [HOSTS[0]]})
+        assert client.call("where") == HOSTS[0]
+        zone.set()  # NXDOMAIN from now on
+        asked = len(zone.questions())
+        while len(zone.questions()) == asked:  # until the client has looked again
+            assert client.call("where") == HOSTS[0]
+        assert client.call("where") == HOSTS[0]
+        assert client.stats()["endpoints"] == [f"tcp://{HOSTS[0]}:{port}"]
+    assert "keeping the previous addresses" in caplog.text
+
+
+def test_a_forked_child_follows_the_name_on_its_own(zone, workers):
+    port, _ = workers(2)
+    zone.set(A={"workers.test": [HOSTS[0]]})
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=0.2) as client:
+        assert answered(client, 5) == {HOSTS[0]}
+        zone.set(A={"workers.test": list(HOSTS[:2])})
+
+        def in_child() -> list:
+            reaches(client, HOSTS[:2])
+            return client.stats()["endpoints"]
+
+        endpoints = run_in_fork(in_child)
+        assert sorted(endpoints) == [f"tcp://{host}:{port}" for host in HOSTS[:2]]
+        reaches(client, HOSTS[:2])
 
 
 def test_literal_addresses_are_never_looked_up(zone, workers):

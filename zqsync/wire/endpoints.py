@@ -95,11 +95,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def nameserver(resolver: str) -> tuple[str, int]:
+def nameserver(resolver: str, setting: str = "resolver") -> tuple[str, int]:
     """A nameserver ``"HOST[:PORT]"`` (``"[V6]:PORT"`` for IPv6 with a port) as ``(address, port)``;
     port 53 by default.
 
-    :raises ConfigurationError: not an IP address with an optional port 1..65535.
+    :raises ConfigurationError: not an IP address with an optional port 1..65535 (naming ``setting``).
     """
     text = resolver.strip()
     host, port = text, "53"
@@ -113,6 +113,6 @@ def nameserver(resolver: str) -> tuple[str, int]:
     except ValueError:
         port = ""
     if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigurationError(f"resolver must be a nameserver's IP address with an optional port "
-                                 f"(127.0.0.1:8600, [::1]:53), got {resolver!r}", setting="resolver")
+        raise ConfigurationError(f"{setting} must be a nameserver's IP address with an optional port "
+                                 f"(127.0.0.1:8600, [::1]:53), got {resolver!r}", setting=setting)
     return host, int(port)
