@@ -44,6 +44,10 @@ class Client:
 
     :param endpoints: a worker's base endpoint ``"tcp://HOST:PORT"``, or a
         list of them; ZeroMQ balances across the workers that are connected.
+        A HOST that is a DNS name stands for every address it resolves to, and
+        ``"srv://NAME"`` for the hosts and ports of ``_zqsync._tcp.NAME``'s SRV
+        records; both are looked up at first use and again every
+        ``resolve_interval`` seconds (``zqsync/client/discovery.py``).
         May be omitted when ``routes`` has a ``"*"`` route.
     :param routes: ``{task-name pattern: endpoint or [endpoints]}``: the
         tasks whose names match go to those workers, through pools of their
@@ -57,13 +61,18 @@ class Client:
         endpoint set), ``call_timeout``, ``send_timeout``, ``confirm_timeout``,
         ``confirm_retry``, ``lease_timeout``, ``linger``, ``wait_before_drop``
         (seconds), ``congestion`` (``CongestionControl`` or ``"block"``/``"drop"``),
-        ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``.
+        ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``,
+        ``resolver`` (a nameserver ``"HOST[:PORT]"``; ``""``: the system's), ``resolve_interval``.
     :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
         :func:`parse_endpoint`), an endpoint listed twice or overlapping
         another's port pair, a setting out of range, a malformed route, or
-        both ``endpoints`` and a ``"*"`` route (or neither).
+        both ``endpoints`` and a ``"*"`` route (or neither); ``srv://`` or
+        ``resolver`` without dnspython installed.
+
+    Requests raise :class:`PoolError` while no DNS name of ``endpoints`` has
+    resolved to any address yet.
 
     Building a client opens nothing: sockets are opened on first use, per
     process and per gevent hub (per thread outside gevent), and reused. One

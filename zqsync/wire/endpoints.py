@@ -15,8 +15,8 @@ def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int
     """Split ``"tcp://HOST:PORT"`` into ``("tcp://HOST", PORT)``.
 
     HOST is an IPv4 address, an IPv6 address in brackets (``tcp://[::1]:5555``),
-    or an ASCII host name (ZeroMQ resolves it when it connects, to IPv4
-    addresses; encode an international name with IDNA, ``xn--...``).
+    or an ASCII host name (the client resolves it to every address it has,
+    ``client/discovery.py``; encode an international name with IDNA, ``xn--...``).
 
     :param allow_zero: for binding: also accept PORT 0 ("pick a free port")
         and HOST ``*`` (every interface).
