@@ -283,6 +283,19 @@ def test_a_forked_child_follows_the_name_on_its_own(zone, workers):
         reaches(client, HOSTS[:2])
 
 
+def test_a_name_with_only_aaaa_records_is_reached_over_ipv6_and_a_dual_stack_one_over_ipv4(zone, zq_worker):
+    env = {"ZQSYNC_TEST_WORKER": "::1", "ZQSYNC_TEST_LOG": os.devnull}
+    port = int(zq_worker(APP, bind="tcp://[::1]:0", env=env).endpoint.rpartition(":")[2])
+    zone.set(AAAA={"v6.test": ["::1"], "both.test": ["::1"]}, A={"both.test": [HOSTS[0]]})
+    with zqsync.Client(f"tcp://v6.test:{port}", resolver=zone.resolver) as client:
+        assert client.call("where") == "::1"
+        assert client.stats()["endpoints"] == [f"tcp://[::1]:{port}"]
+    with zqsync.Client(f"tcp://both.test:{port}", resolver=zone.resolver) as client:
+        with pytest.raises(zqsync.CallTimeout):  # its IPv4 address: nobody listens there
+            client.call_with_options("where", timeout=0.3)
+        assert client.stats()["endpoints"] == [f"tcp://{HOSTS[0]}:{port}"]
+
+
 def test_literal_addresses_are_never_looked_up(zone, workers):
     port, _ = workers(1)
     with zqsync.Client(f"tcp://{HOSTS[0]}:{port}", resolver=zone.resolver, resolve_interval=0.1) as client:

@@ -4,8 +4,13 @@ libzmq connects a ``tcp://NAME:PORT`` endpoint to the first address ``getaddrinf
 #2297) and never looks again. A :class:`Client` whose endpoints name hosts therefore resolves them
 itself, here, and dials every address:
 
-* ``tcp://NAME:PORT``: one endpoint ``tcp://ADDRESS:PORT`` per A and AAAA address of NAME
-  (``tcp://[ADDRESS]:PORT`` for IPv6), in the order the resolver gave them.
+* ``tcp://NAME:PORT``: one endpoint ``tcp://ADDRESS:PORT`` per address of NAME, in the order the
+  resolver gave them: its A addresses, or when it has none its AAAA ones (``tcp://[ADDRESS]:PORT``).
+  A dual-stack host has one of each, and a worker that binds ``*`` or ``0.0.0.0`` listens on IPv4
+  only: dialling both would count each such worker twice, once unreachable (``localhost`` is
+  ``127.0.0.1`` and ``::1`` on most systems), and confirmed jobs preferring the IPv6 twin would wait
+  out the failover bound. IPv4 is also what libzmq picked for a name. A worker reached over IPv6
+  binds an IPv6 address, and its name then has only AAAA records.
 * ``srv://NAME``: the SRV records of ``_zqsync._tcp.NAME``: one endpoint per address of each
   target, on the record's port (the worker's base port). Priority and weight are ignored: every
   target is a worker, and the client spreads over all of them.
@@ -150,7 +155,7 @@ class Discovery:
         if _is_literal(host):
             return (name,), math.inf
         addresses, ttl = self._lookup.addresses(host)
-        return tuple(_endpoint(address, port) for address in addresses), ttl
+        return tuple(_endpoint(address, port) for address in _one_family(addresses)), ttl
 
 
 class _Lookup:
@@ -185,7 +190,7 @@ class _Lookup:
         for record in answer.rrset:
             target = record.target.to_text(omit_final_dot=True)
             addresses, target_ttl = self.addresses(target)
-            endpoints.extend(_endpoint(address, record.port) for address in addresses)
+            endpoints.extend(_endpoint(address, record.port) for address in _one_family(addresses))
             ttl = min(ttl, target_ttl)
         return tuple(endpoints), ttl
 
@@ -222,6 +227,12 @@ def _is_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _one_family(addresses: list[str]) -> list[str]:
+    """The IPv4 addresses of ``addresses``, or all of them (IPv6) when there is none (module docstring)."""
+    ipv4 = [address for address in addresses if ":" not in address]
+    return ipv4 or addresses
 
 
 def _endpoint(address: str, port: int) -> str:
