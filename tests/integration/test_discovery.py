@@ -119,28 +119,87 @@ def test_a_name_with_three_addresses_sends_calls_and_jobs_to_all_three(zone, wor
     assert sorted(_ran(tmp_path)) == sorted(f"job-{n}" for n in range(sent))
 
 
-CALLS_FROM_A_PRIVATE_HOSTS_FILE = """
-import sys, zqsync
+CALLS_UNTIL_EACH_ANSWERED = """
+import json, sys, time, zqsync
 with zqsync.Client(sys.argv[1]) as client:
-    print(sorted({client.call("where") for _ in range(60)}))
+    for line in sys.stdin:  # the workers to reach, then seconds to try for
+        want, seconds = json.loads(line)
+        seen, started = set(), time.monotonic()
+        while seen != set(want) and time.monotonic() - started < seconds:
+            seen.add(client.call("where"))
+        print(json.dumps([sorted(seen), time.monotonic() - started]), flush=True)
 """
 
 
-def test_the_systems_resolver_gives_every_address_of_a_name(workers, tmp_path):
-    """No ``resolver``: ``getaddrinfo``, here reading a private ``/etc/hosts`` (a mount namespace of the
-    client's own, so the machine's file is untouched) that lists the name three times."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1), for a private /etc/hosts in a mount namespace")
+class PrivateHosts:
+    """A client process in a mount namespace of its own, whose ``/etc/hosts`` is ``path`` (the machine's
+    file is untouched): the system's resolver (``getaddrinfo``) answers from it, with no ``resolver``."""
+
+    def __init__(self, path: Path, endpoint: str, env: dict) -> None:
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            pytest.skip("needs root and unshare(1), for a private /etc/hosts in a mount namespace")
+        self.path = path
+        script = f"mount --bind {path} /etc/hosts && exec {sys.executable} -c '{CALLS_UNTIL_EACH_ANSWERED}' \"$0\""
+        self.proc = subprocess.Popen(["unshare", "--mount", "sh", "-c", script, endpoint], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+
+    def list(self, name: str, hosts) -> None:
+        """Make ``name`` stand for ``hosts`` (rewritten in place: the mount follows the file)."""
+        self.path.write_text("127.0.0.1 localhost\n" + "".join(f"{host} {name}\n" for host in hosts))
+
+    def reach(self, hosts, seconds: float) -> tuple[list, float]:
+        """Have the client call until each of ``hosts`` answered or ``seconds`` passed: (who answered, seconds)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([list(hosts), seconds]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            if "mount" in stderr and "zqsync" not in stderr:
+                pytest.skip(f"no private mount namespace here: {stderr.strip()}")
+            raise AssertionError(f"the client process ended: {stderr}")
+        seen, elapsed = json.loads(line)
+        return seen, elapsed
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def private_hosts(tmp_path):
+    started = []
+
+    def start(endpoint: str, **env: str) -> PrivateHosts:
+        client = PrivateHosts(tmp_path / "hosts", endpoint, env)
+        started.append(client)
+        return client
+
+    yield start
+    for client in started:
+        client.close()
+
+
+def test_the_systems_resolver_gives_every_address_of_a_name(workers, private_hosts):
     port, _ = workers(3)
-    hosts = tmp_path / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{host} workers.test\n" for host in HOSTS))
-    command = f"mount --bind {hosts} /etc/hosts && exec {sys.executable} -c '{CALLS_FROM_A_PRIVATE_HOSTS_FILE}' \"$0\""
-    done = subprocess.run(["unshare", "--mount", "sh", "-c", command, f"tcp://workers.test:{port}"],
-                          capture_output=True, text=True, timeout=slack(60))
-    if done.returncode and "mount" in done.stderr and "zqsync" not in done.stderr:
-        pytest.skip(f"no private mount namespace here: {done.stderr.strip()}")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(sorted(HOSTS))
+    client = private_hosts(f"tcp://workers.test:{port}")
+    client.list("workers.test", HOSTS)
+    assert client.reach(HOSTS, slack(10))[0] == sorted(HOSTS)
+
+
+def test_the_systems_resolver_is_asked_again_and_an_added_address_gets_work(workers, private_hosts):
+    port, _ = workers(3)
+    interval = 1.0
+    client = private_hosts(f"tcp://workers.test:{port}", ZQSYNC_RESOLVE_INTERVAL=str(interval))
+    client.list("workers.test", HOSTS[:1])
+    assert client.reach(HOSTS[:1], slack(10))[0] == sorted(HOSTS[:1])
+    client.list("workers.test", HOSTS)
+    seen, elapsed = client.reach(HOSTS, slack(2 * interval))
+    assert seen == sorted(HOSTS), f"after {elapsed:.2f} s only {seen} answered"
 
 
 def test_an_address_added_gets_work_within_two_resolve_intervals(zone, workers):
