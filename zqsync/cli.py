@@ -29,7 +29,8 @@ from ._worker_cli import (
 from .errors import ConfigurationError
 from .logs import add_logging_options, configure_logging
 
-EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
+EPILOG = ("Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1. A HOST that is a DNS "
+          "name stands for every worker it resolves to; srv://NAME for the SRV records of _zqsync._tcp.NAME.")
 
 
 def _json_or_str(text: str) -> Any:

@@ -1,9 +1,11 @@
 """Discovery by DNS (issue 23, item 3): a name's every address gets work, and its changes are followed.
 
 A real resolver runs on loopback (``tests/dns_server.py``, dnspython, answering from a file the test
-rewrites); the clients ask it through the ``resolver`` setting. Workers listen on 127.0.0.2, .3, .4
-(Linux routes all of 127/8 to lo) on one port, and say who they are (``dns_tasks.py``): every claim
-is checked from the workers' side, by what they answered, logged or counted.
+rewrites); the clients ask it through the ``resolver`` setting. The system's resolver is tested in a
+client process with a private ``/etc/hosts`` (a mount namespace: root only, skipped elsewhere).
+Workers listen on 127.0.0.2, .3, .4 (Linux routes all of 127/8 to lo) on one port, and say who they
+are (``dns_tasks.py``): every claim is checked from the workers' side, by what they answered,
+logged or counted.
 """
 
 from __future__ import annotations
