@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -345,6 +346,11 @@ def test_a_forked_child_follows_the_name_on_its_own(zone, workers):
 
 
 def test_a_name_with_only_aaaa_records_is_reached_over_ipv6_and_a_dual_stack_one_over_ipv4(zone, zq_worker):
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
     env = {"ZQSYNC_TEST_WORKER": "::1", "ZQSYNC_TEST_LOG": os.devnull}
     port = int(zq_worker(APP, bind="tcp://[::1]:0", env=env).endpoint.rpartition(":")[2])
     zone.set(AAAA={"v6.test": ["::1"], "both.test": ["::1"]}, A={"both.test": [HOSTS[0]]})
