@@ -29,7 +29,8 @@ from ._worker_cli import (
 from .errors import ConfigurationError
 from .logs import add_logging_options, configure_logging
 
-EPILOG = "Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1."
+EPILOG = ("Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1. A HOST that is a DNS "
+          "name stands for every worker it resolves to; srv://NAME for the SRV records of _zqsync._tcp.NAME.")
 
 
 def _json_or_str(text: str) -> Any:
@@ -641,9 +642,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     """
     with _client(args) as client:
         stats = client.call_with_options("zqsync.stats", timeout=args.timeout)
+        used = client.endpoints
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
+    if used != (args.endpoint,):  # a DNS name (client/discovery.py): say which workers it stands for
+        print(f"{args.endpoint} resolves to {', '.join(used)}; one of them answered:")
     _print_header(stats)
     for group in ("jobs", "plain", "confirmed", "calls"):
         fields = {key[len(group) + 1:]: value for key, value in stats.items() if key.startswith(group + "_")}
@@ -656,7 +660,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for index, client in enumerate(stats["clients"]):
         pools = "  ".join(f"{name}: opened {client[name]['opened']} reused {client[name]['reused']}"
                           for name in ("push", "dealer"))
-        print(f"  client {index} in tasks: {pools}")
+        print(f"  client {index} in tasks, to {', '.join(client.get('endpoints', ())) or '(none yet)'}: {pools}")
     return 0
 
 

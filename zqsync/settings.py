@@ -21,12 +21,17 @@ environment variable       field                    unit         default
 ``ZQSYNC_MAX_SOCKETS``     max_sockets              sockets      4096
 ``ZQSYNC_HEARTBEAT``       heartbeat (0: off)       seconds      1.0
 ``ZQSYNC_CONNECT_TIMEOUT`` connect_timeout (0: OS)  seconds      2.0
+``ZQSYNC_RESOLVER``        resolver ("": system's)  HOST[:PORT]  ""
+``ZQSYNC_RESOLVE_INTERVAL`` resolve_interval        seconds      10.0
 ========================== ======================== ============ ===========
 
 Durations are finite, at most :data:`MAX_SECONDS`; ``call_timeout`` and
 ``confirm_timeout`` are more than 0 and ``confirm_retry`` at least
 :data:`MIN_CONFIRM_RETRY` (0.1 s). ``heartbeat`` drives ZMTP heartbeats on
 call (DEALER) sockets and TCP keepalive on job (send-only DEALER) sockets (``pool.py``).
+``resolver`` and ``resolve_interval`` (more than 0) apply to endpoints that name hosts
+(``client/discovery.py``): the nameserver asked instead of the system's resolver, and the seconds
+between two look-ups of a name (a shorter TTL in the answer wins).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import re
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from .errors import ConfigurationError
-from .wire.endpoints import parse_endpoint
+from .wire.endpoints import nameserver, parse_endpoint
 from .wire.envelope import MAX_MESSAGE_SIZE
 
 POOL_SIZE = 4
@@ -54,6 +59,8 @@ HWM = 1000
 MAX_SOCKETS = 4096
 HEARTBEAT = 1.0
 CONNECT_TIMEOUT = 2.0
+RESOLVER = ""
+RESOLVE_INTERVAL = 10.0
 
 #: Longest duration any setting accepts, seconds (libzmq takes milliseconds as a C int).
 MAX_SECONDS = 1_000_000.0
@@ -121,6 +128,14 @@ def _congestion(name: str, value: Any) -> str:
     return text
 
 
+def _resolver(name: str, value: Any) -> str:
+    """``""`` (the system's resolver) or a nameserver ``HOST[:PORT]``."""
+    text = str(value).strip()
+    if text:
+        nameserver(text, name)
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientSettings:
     """Resolved client and pool settings. Durations are seconds as floats."""
@@ -138,6 +153,8 @@ class ClientSettings:
     max_sockets: int = MAX_SOCKETS
     heartbeat: float = HEARTBEAT
     connect_timeout: float = CONNECT_TIMEOUT
+    resolver: str = RESOLVER
+    resolve_interval: float = RESOLVE_INTERVAL
 
     _ENV = {
         "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
@@ -153,6 +170,8 @@ class ClientSettings:
         "max_sockets": ("ZQSYNC_MAX_SOCKETS", lambda n, v: _positive_int(n, v, 1)),
         "heartbeat": ("ZQSYNC_HEARTBEAT", _seconds),
         "connect_timeout": ("ZQSYNC_CONNECT_TIMEOUT", _seconds),
+        "resolver": ("ZQSYNC_RESOLVER", _resolver),
+        "resolve_interval": ("ZQSYNC_RESOLVE_INTERVAL", _deadline),
     }
 
     @classmethod

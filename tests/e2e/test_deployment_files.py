@@ -122,6 +122,18 @@ def test_compose_and_kubernetes_run_the_images_command_with_the_same_probe(worke
     assert {port["port"] for port in service["spec"]["ports"]} == {5555, 5556}
 
 
+def test_kubernetes_service_is_headless_so_clients_resolve_every_replica(workers):
+    """A ClusterIP Service hides the pods behind one address: rendezvous hashing, status look-ups and
+    retries would land on random pods. A headless one resolves to each ready pod (``client/discovery.py``)."""
+    with open(os.path.join(workers, "kubernetes.yaml")) as handle:
+        service, stateful_set = yaml.safe_load_all(handle)
+    assert service["spec"].get("clusterIP") == "None"
+    assert stateful_set["spec"]["serviceName"] == service["metadata"]["name"]
+    labels = stateful_set["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert stateful_set["spec"]["replicas"] > 1
+
+
 @pytest.mark.timeout(120)
 def test_the_liveness_probe_passes_on_the_images_worker_and_fails_on_a_dead_one(workers, tmp_path):
     with open(os.path.join(workers, "kubernetes.yaml")) as handle:

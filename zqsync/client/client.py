@@ -34,8 +34,8 @@ from ..errors import (
 from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
-from ..wire.endpoints import check_distinct, parse_endpoint, split_endpoint
-from . import express, notices, transport
+from ..wire.endpoints import split_endpoint
+from . import discovery, express, notices, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import Job, JobStatus
@@ -56,6 +56,10 @@ class Client:
 
     :param endpoints: a worker's base endpoint ``"tcp://HOST:PORT"``, or a
         list of them; ZeroMQ balances across the workers that are connected.
+        A HOST that is a DNS name stands for every address it resolves to, and
+        ``"srv://NAME"`` for the hosts and ports of ``_zqsync._tcp.NAME``'s SRV
+        records; both are looked up at first use and again every
+        ``resolve_interval`` seconds (``zqsync/client/discovery.py``).
         May be omitted when ``routes`` has a ``"*"`` route.
     :param routes: ``{task-name pattern: endpoint or [endpoints]}``: the
         tasks whose names match go to those workers, through pools of their
@@ -69,13 +73,18 @@ class Client:
         endpoint set), ``call_timeout``, ``send_timeout``, ``confirm_timeout``,
         ``confirm_retry``, ``lease_timeout``, ``linger``, ``wait_before_drop``
         (seconds), ``congestion`` (``CongestionControl`` or ``"block"``/``"drop"``),
-        ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``.
+        ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``,
+        ``resolver`` (a nameserver ``"HOST[:PORT]"``; ``""``: the system's), ``resolve_interval``.
     :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
         :func:`parse_endpoint`), an endpoint listed twice or overlapping
         another's port pair, a setting out of range, a malformed route, or
-        both ``endpoints`` and a ``"*"`` route (or neither).
+        both ``endpoints`` and a ``"*"`` route (or neither); ``srv://`` or
+        ``resolver`` without dnspython installed.
+
+    Requests raise :class:`PoolError` while no DNS name of ``endpoints`` has
+    resolved to any address yet.
 
     Building a client opens nothing: sockets are opened on first use, per
     process and per gevent hub (per thread outside gevent), and reused. One
@@ -106,20 +115,16 @@ class Client:
         own = tuple(names)
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
-        check_distinct([parse_endpoint(name) for name in names], names)
-        pairs = [split_endpoint(name) for name in names]
-        self.endpoints: tuple[str, ...] = tuple(jobs for jobs, _ in pairs)
-        self._jobs_address = self.endpoints if len(pairs) > 1 else self.endpoints[0]
-        rpc = tuple(rpc for _, rpc in pairs)
-        self._rpc_address = rpc if len(pairs) > 1 else rpc[0]
-        self._rpc_endpoints = rpc
-        self._down = Down()
         self.settings = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
+        self._discovery = discovery.discovery_for(names, self.settings)
+        self._base: tuple[str, ...] = () if self._discovery else own
+        self._use(self._base)
+        self._down = Down()
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
-        self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options, send_only=True)
+        self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options, send_only=True)
         self._avoided = notices.Avoided()
-        self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(pairs), options=options)
+        self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options)
         self._counts = dict.fromkeys(
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )
@@ -132,6 +137,36 @@ class Client:
             names: Client(list(names), settings=self.settings, curve=curve)
             for names in self._routes.endpoint_sets() if names != own
         }
+
+    def _use(self, base: tuple[str, ...]) -> None:
+        """Send to the workers at the ``base`` endpoints from now on."""
+        pairs = [split_endpoint(name) for name in base]
+        self.endpoints: tuple[str, ...] = tuple(jobs for jobs, _ in pairs)
+        self._jobs_address: Any = self.endpoints if len(pairs) != 1 else self.endpoints[0]
+        self._rpc_endpoints = tuple(rpc for _, rpc in pairs)
+        self._rpc_address: Any = self._rpc_endpoints if len(pairs) != 1 else self._rpc_endpoints[0]
+
+    def _rediscover(self) -> None:
+        """Follow the endpoints the names resolve to now (``discovery.py``): dial the workers that appeared,
+        drain the sockets to those that left (closed with the linger, after the request in flight).
+
+        :raises PoolError: no name resolved to any address yet.
+        """
+        assert self._discovery is not None
+        base = self._discovery.current()
+        if base == self._base:
+            return
+        old = {self._jobs_address, self._rpc_address}
+        self._base = base
+        self._use(base)
+        kept = {*self.endpoints, *self._rpc_endpoints}
+        log.info("worker endpoints now %s", ", ".join(base))
+
+        def stale(address: Any) -> bool:
+            return address in old or any(name not in kept for name in discovery.members(address))
+
+        self._push.drain(stale)
+        self._dealer.drain(stale)
 
     def route(self, task: str) -> "Client":
         """The client that sends ``task``: this one, or the one of the route its name matches."""
@@ -257,6 +292,8 @@ class Client:
 
     def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
+        if self._discovery is not None:
+            self._rediscover()
         address = self._avoided.address(self.endpoints, self._jobs_address)
         if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, address, frame):
             self._counts["enqueued"] += 1
@@ -291,6 +328,8 @@ class Client:
         """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
+        if self._discovery is not None:
+            self._rediscover()
         route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry, self._down)
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
@@ -438,11 +477,13 @@ class Client:
     def _locate(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> tuple["Client", JobStatus]:
         """The client whose workers hold ``job_id`` (this one first, then each route's) and its status."""
         unanswered: list[str] = []
+        if self._discovery is not None:
+            self._rediscover()
         for rpc in rank(job_id, self._rpc_endpoints):
             try:
                 status = self._admin(admin, (job_id,), rpc, timeout)
             except (CallTimeout, PoolError):
-                unanswered.append(self.endpoints[self._rpc_endpoints.index(rpc)])
+                unanswered.append(_base_of(rpc))
                 continue
             if status.state != "unknown":
                 return self, status
@@ -458,10 +499,10 @@ class Client:
         reply = self._call_at(name, args, {}, timeout, address=rpc)
         if not reply.ok:
             raise _remote_error(reply)
-        return JobStatus.from_reply(reply.result, self.endpoints[self._rpc_endpoints.index(rpc)])
+        return JobStatus.from_reply(reply.result, _base_of(rpc))
 
     def _rpc_of(self, endpoint: str) -> str:
-        return self._rpc_endpoints[self.endpoints.index(endpoint)]
+        return split_endpoint(endpoint)[1]
 
     def _request(
         self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
@@ -469,6 +510,8 @@ class Client:
         """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
         ``timeout`` seconds in all."""
         deadline = time.monotonic() + timeout
+        if self._discovery is not None:
+            self._rediscover()
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
         with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
             return self._round_trip(sock, frame, request_id, task, timeout, deadline)
@@ -494,11 +537,13 @@ class Client:
 
         :returns: ``{"enqueued", "dropped", "confirmed", "confirm_retries", "calls",
             "call_errors", "call_timeouts"}``
-            as ints, plus ``"push"`` and ``"dealer"``: each pool's
+            as ints, ``"endpoints"``: the workers' base endpoints in use now (a DNS name's
+            addresses as last resolved, ``discovery.py``), plus ``"push"`` and ``"dealer"``: each pool's
             :meth:`SocketPool.stats`; with routes, ``"routes"``:
             ``{"ENDPOINT, ...": that route's stats}``.
         """
         result: dict[str, Any] = dict(self._counts)
+        result["endpoints"] = list(self.endpoints)
         result["push"] = self._push.stats()
         result["dealer"] = self._dealer.stats()
         if self._routed:
@@ -557,6 +602,12 @@ def _close_pools(push: SocketPool, dealer: SocketPool, linger: Optional[float] =
     """Close a client's job pool (queued jobs get ``linger``, default the client's) and its rpc pool."""
     push.close(linger=linger)
     dealer.close(linger=0 if linger is None else linger)
+
+
+def _base_of(rpc: str) -> str:
+    """A worker's base endpoint from its rpc endpoint (PORT+1)."""
+    host, _, port = rpc.rpartition(":")
+    return f"{host}:{int(port) - 1}"
 
 
 def _remote_error(reply: envelope.Reply) -> RemoteError:

@@ -69,7 +69,7 @@ import secrets
 import time
 import warnings
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import greenlet
 import zmq
@@ -146,7 +146,8 @@ class SocketPool:
         self._addresses: set[Any] = set()
         self._warned_budget = False
         self._stats = dict.fromkeys(
-            ("opened", "reused", "discarded_poisoned", "discarded_full", "discarded_stopping", "kept_after_error",
+            ("opened", "reused", "discarded_poisoned", "discarded_full", "discarded_stopping", "discarded_drained",
+             "kept_after_error",
              "waits", "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
             0,
         )
@@ -421,6 +422,10 @@ class SocketPool:
                 surplus = sock
                 self._stats["discarded_stopping"] += 1
                 self._forget(sock)
+            elif key not in self._permits:  # drained while leased (drain)
+                surplus = sock
+                self._stats["discarded_drained"] += 1
+                self._forget(sock)
             elif self._closed or len(bucket) >= self.pool_size:
                 surplus = sock
                 self._stats["discarded_full"] += 1
@@ -450,6 +455,27 @@ class SocketPool:
         """Close the leased ``sock`` with the normal linger when its lease ends, instead of parking it
         (its peer is stopping: ``notices.py``)."""
         self._retired.add(sock)
+
+    def drain(self, stale: Callable[[Address], bool]) -> None:
+        """Close the sockets to every address for which ``stale(address)`` is true, in every owner's bucket
+        (their worker left the client's discovered endpoints: ``discovery.py``).
+
+        Idle ones are closed now with the normal linger, so what they queued is still flushed; leased ones
+        are closed the same way when their lease ends, after the request in flight. Never blocks on the
+        network. A later lease of such an address opens a new socket.
+        """
+        if self._pid != os.getpid():
+            self._check_fork()
+        with self._lock:
+            keys = [key for key in self._permits if stale(key[1])]
+            idle = [sock for key in keys for sock in self._idle.pop(key, [])]
+            for key in keys:
+                del self._permits[key]
+            for sock in idle:
+                self._forget(sock)
+            self._stats["discarded_drained"] += len(idle)
+        for sock in idle:
+            lifecycle.close_foreign(sock, self._linger_ms)
 
     def sent_on(self, sock: zmq.Socket) -> int:
         """Messages handed to the leased send-only ``sock`` so far."""
@@ -496,7 +522,8 @@ class SocketPool:
 
         :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``
             (closed after an error in the lease), ``discarded_stopping`` (its
-            worker sent a stopping notice), ``discarded_full``,
+            worker sent a stopping notice), ``discarded_drained`` (its worker
+            left the discovered endpoints, :meth:`drain`), ``discarded_full``,
             ``kept_after_error`` (send-only sockets parked after an error,
             rule 3), ``waits``, ``wait_seconds`` (float seconds),
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,

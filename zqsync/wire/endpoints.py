@@ -15,8 +15,8 @@ def parse_endpoint(endpoint: str, *, allow_zero: bool = False) -> tuple[str, int
     """Split ``"tcp://HOST:PORT"`` into ``("tcp://HOST", PORT)``.
 
     HOST is an IPv4 address, an IPv6 address in brackets (``tcp://[::1]:5555``),
-    or an ASCII host name (ZeroMQ resolves it when it connects, to IPv4
-    addresses; encode an international name with IDNA, ``xn--...``).
+    or an ASCII host name (the client resolves it to every address it has,
+    ``client/discovery.py``; encode an international name with IDNA, ``xn--...``).
 
     :param allow_zero: for binding: also accept PORT 0 ("pick a free port")
         and HOST ``*`` (every interface).
@@ -93,3 +93,26 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def nameserver(resolver: str, setting: str = "resolver") -> tuple[str, int]:
+    """A nameserver ``"HOST[:PORT]"`` (``"[V6]:PORT"`` for IPv6 with a port) as ``(address, port)``;
+    port 53 by default.
+
+    :raises ConfigurationError: not an IP address with an optional port 1..65535 (naming ``setting``).
+    """
+    text = resolver.strip()
+    host, port = text, "53"
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ("" if rest else "53")
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        port = ""
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigurationError(f"{setting} must be a nameserver's IP address with an optional port "
+                                 f"(127.0.0.1:8600, [::1]:53), got {resolver!r}", setting=setting)
+    return host, int(port)
