@@ -1,32 +1,58 @@
 """Eager mode: run tasks in the calling process, for an app's own unit tests.
 
 Inside ``with eager(registry):`` every :class:`~zqsync.Client` in the process
-runs the registered task itself instead of sending it: ``enqueue`` (plain or
-``confirm=True``) runs the job with its retries, and ``call`` returns the
-task's result or raises what a worker's reply would raise. The arguments and
-results still go through the wire encoding (msgpack, the same limits and
-checks as a real request), so what would fail on the wire fails in the test.
+hands what it would send to an in-process stand-in for the worker instead of
+a socket. Everything on the client's side of the wire runs for real: option
+checks (``deadline`` with ``confirm``, a naive ``eta``, a negative
+``send_timeout`` raise ``ConfigurationError`` as they do without eager mode),
+the wire encoding and its limits (msgpack, the same checks as a real request),
+routes. On the worker's side, calls and jobs run through the worker's own
+:class:`~zqsync.worker.runner.Runner`: its error replies, ``UnknownTask``,
+deadlines, middleware hooks, retries, and the rule that a result a worker
+would keep (a confirmed job's, or a plain job's with ``store_result``) must
+encode, or the job fails. ``Client.job``, ``Client.result`` and
+``Client.cancel`` answer from what the block ran, as a worker would: a
+confirmed or kept job is known, any other is ``unknown``. No socket is opened.
+
 This is Celery's ``task_always_eager``, RQ's ``is_async=False`` and
 dramatiq's ``StubBroker`` for zqsync.
 
-Not simulated: the network, congestion control, and the journal. Retries
-run at once, without their backoff. Time limits hold only for tasks that
-yield to gevent (as in a worker). The patch is process-wide, so do not run
-two eager blocks at once from different threads.
+Time in eager mode:
+
+* a job runs at once, in ``enqueue``, with its retries at once (backoff is
+  skipped, and recorded as ``EagerJob.attempts``);
+* a delayed job (``delay=``, ``eta=``) waits on the recorder's clock: it is
+  ``scheduled`` until :meth:`EagerRecorder.advance` moves the clock past its
+  due time, and can be cancelled meanwhile;
+* time limits hold only for tasks that yield to gevent (a worker also ends
+  tasks that hold the GIL, from its watchdog thread).
+
+Not simulated: the network, congestion control and the journal's
+durability. The patch is process-wide, so do not run two eager blocks at
+once from different threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Optional
+import time
+from typing import Any, Iterator, NamedTuple, Optional
 
-from .client.client import Client, _remote_error, _task_name
-from .client.jobs import Job
-from .errors import RemoteError, remote_error
+from .client.client import Client, _remote_error
+from .errors import ProtocolError, RemoteError
 from .wire import envelope
 from .worker.registry import Registry
-from .worker.runner import Runner
+from .worker.runner import Runner, unsendable
+from .worker.status import TERMINAL
+
+log = logging.getLogger(__name__)
+
+#: The ``worker`` a status answered in eager mode names.
+WORKER = "eager"
+#: ``zqsync.*`` calls answered from the recorder's book.
+ADMIN = ("zqsync.job", "zqsync.result", "zqsync.cancel")
 
 
 class EagerJob(NamedTuple):
@@ -36,7 +62,7 @@ class EagerJob(NamedTuple):
     :ivar task: the task name.
     :ivar ok: whether its last attempt succeeded.
     :ivar value: the result, or the error as ``(type name, message, traceback)``.
-    :ivar attempts: attempts made (1 plus retries used).
+    :ivar attempts: attempts made (1 plus retries used; 0 for a task no worker would run).
     """
 
     id: str
@@ -47,51 +73,123 @@ class EagerJob(NamedTuple):
 
 
 class EagerRecorder:
-    """What an :func:`eager` block ran. ``jobs`` lists every job in order.
+    """What an :func:`eager` block ran, and the stand-in worker's book. ``jobs`` lists every job run, in order.
 
     :ivar propagate: raise a job's final failure from ``enqueue`` (as :class:`RemoteError`).
+    :ivar now: the block's clock, epoch seconds: the real time plus what :meth:`advance` added.
     """
 
     def __init__(self, registry: Registry, *, propagate: bool) -> None:
         self.runner = Runner(registry)
         self.propagate = propagate
         self.jobs: list[EagerJob] = []
+        self._offset = 0.0
+        self._book: dict[str, dict[str, Any]] = {}  # job id -> the status a worker would answer
+        self._scheduled: dict[str, tuple[float, envelope.Request]] = {}
+
+    @property
+    def now(self) -> float:
+        return time.time() + self._offset
 
     def failed(self) -> list[EagerJob]:
         """The jobs whose last attempt failed."""
         return [job for job in self.jobs if not job.ok]
 
-    def run_job(self, frame: bytes) -> str:
-        """Run one encoded job with its retries, at once; returns its id.
+    def advance(self, seconds: float) -> list[EagerJob]:
+        """Move the clock ``seconds`` on and run the delayed jobs now due, earliest first.
 
-        :raises UnknownTask: no such task in the registry.
+        :returns: the jobs it ran.
+        :raises RemoteError: one failed for good and ``propagate`` is set.
+        """
+        self._offset += float(seconds)
+        due = sorted((at, job_id) for job_id, (at, _) in self._scheduled.items() if at <= self.now)
+        return [self._run(self._scheduled.pop(job_id)[1]) for _, job_id in due]
+
+    # -- the worker's side ------------------------------------------------
+
+    def job(self, frame: bytes, *, confirmed: bool) -> Optional[bytes]:
+        """Take one encoded job as a worker would; returns the error reply a confirm gets, if any.
+
         :raises RemoteError: its last attempt failed and ``propagate`` is set.
         """
         request = envelope.decode_request(frame)
+        if self.runner.registry.get(request.task) is None:
+            message = f"no task named {request.task!r} is registered"
+            if confirmed:  # a worker refuses it before journaling it
+                return envelope.encode_error(request.id, "UnknownTask", message)
+            log.warning("eager: a worker would drop job %s: unknown task %r", request.id, request.task)
+            self._record(EagerJob(request.id, request.task, False, ("UnknownTask", message, ""), 0))
+            return None
+        if confirmed or request.options.get("store"):
+            self._book[request.id] = _status(request, "pending", self.now)
+        due = request.options.get("due")
+        if due is not None and due > self.now:
+            self._book[request.id].update(state="scheduled", due=due)
+            self._scheduled[request.id] = (due, request)
+            return None
+        self._run(request)
+        return None
+
+    def _run(self, request: envelope.Request) -> EagerJob:
         task = self.runner.registry.get(request.task)
-        if task is None:  # a worker would drop it with a log line; a test should hear of it
-            raise remote_error("UnknownTask", f"no task named {request.task!r} is registered")
+        assert task is not None  # checked when it was taken
+        status = self._book.get(request.id)
         attempts = 0
         while True:
             attempts += 1
+            if status is not None:
+                status.update(state="running", attempts=attempts, started_at=self.now)
             ok, value, delay = self.runner.run_job(task, request, attempts)
             if delay is None:
                 break
-        self.jobs.append(EagerJob(request.id, task.name, ok, value, attempts))
-        if not ok and self.propagate:
-            raise RemoteError(*value)
-        return request.id
+        if ok and status is not None:
+            try:
+                envelope.encode_result(request.id, value)
+            except ProtocolError as exc:
+                ok, value = False, unsendable(task, exc)
+        if status is not None:
+            status.update(state="done" if ok else "dead" if task.retries else "failed",
+                          result=value if ok else None, error=None if ok else _error(value), finished_at=self.now)
+        return self._record(EagerJob(request.id, task.name, ok, value, attempts))
 
-    def run_call(self, frame: bytes) -> Any:
-        """Run one encoded call and return its result, decoded as a worker's reply would be.
+    def _record(self, job: EagerJob) -> EagerJob:
+        self.jobs.append(job)
+        if not job.ok and self.propagate:
+            raise RemoteError(*job.value)
+        return job
 
-        :raises RemoteError: the task raised (the matching subclass, as a client would).
-        """
+    def request(self, frame: bytes) -> envelope.Reply:
+        """Answer one call (or a job admin call) as a worker's rpc socket would."""
+        request = envelope.decode_request(frame)  # the client encoded it: it decodes
+        if request.task in ADMIN:
+            return envelope.decode_reply(envelope.encode_result(request.id, self._admin(request)))
         decoded = self.runner.decode_rpc(frame)
-        reply = envelope.decode_reply(decoded if isinstance(decoded, bytes) else self.runner.answer_call(*decoded))
-        if reply.ok:
-            return reply.result
-        raise _remote_error(reply)
+        reply = decoded if isinstance(decoded, bytes) else self.runner.answer_call(*decoded)
+        return envelope.decode_reply(reply)
+
+    def _admin(self, request: envelope.Request) -> dict[str, Any]:
+        job_id = str(request.args[0]) if request.args else ""
+        status = self._book.get(job_id, {"id": job_id, "state": "unknown", "worker": WORKER, "pid": os.getpid()})
+        if request.task == "zqsync.result" and status["state"] not in TERMINAL and len(request.args) > 1:
+            time.sleep(float(request.args[1]))  # the long-poll: nothing changes until the test moves the clock
+        if request.task == "zqsync.cancel" and status["state"] != "unknown":
+            cancelled = status["state"] in ("pending", "scheduled")
+            if cancelled:
+                self._scheduled.pop(job_id, None)
+                status.update(state="cancelled", finished_at=self.now,
+                              error=_error(("JobCancelled", "the job was cancelled before it ran", "")))
+            return {**status, "cancelled": cancelled}
+        return dict(status)
+
+
+def _status(request: envelope.Request, state: str, now: float) -> dict[str, Any]:
+    return {"id": request.id, "state": state, "task": request.task, "attempts": 0, "result": None, "error": None,
+            "enqueued_at": now, "started_at": None, "finished_at": None, "due": None, "worker": WORKER,
+            "pid": os.getpid()}
+
+
+def _error(info: tuple[str, str, str]) -> dict[str, str]:
+    return {"type": info[0], "message": info[1], "traceback": info[2]}
 
 
 @contextlib.contextmanager
@@ -100,40 +198,37 @@ def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecor
 
     :param registry: the tasks to run (your app's :class:`~zqsync.worker.Registry`).
     :param propagate: a job that fails for good raises :class:`RemoteError`
-        from ``enqueue``; by default it is recorded in ``recorder.jobs``.
-    :returns: an :class:`EagerRecorder` (``.jobs``, ``.failed()``).
-    :raises ProtocolError: (from ``enqueue``/``call``) an argument or result
-        that the wire would refuse.
+        from ``enqueue`` (or from :meth:`EagerRecorder.advance` for a delayed
+        one); by default it is recorded in ``recorder.jobs``.
+    :returns: an :class:`EagerRecorder` (``.jobs``, ``.failed()``, ``.advance()``).
+    :raises ProtocolError: (from ``enqueue``/``call``) an argument that the wire would refuse.
+    :raises ConfigurationError: an option the client refuses, as without eager mode.
 
     Blocks only as long as the tasks run. Clients keep their settings and
     open no socket while eager.
     """
     recorder = EagerRecorder(registry, propagate=propagate)
-    saved = Client.enqueue, Client.enqueue_with_options, Client.call_with_options
+    saved = Client._send_job, Client._confirm, Client._request
 
-    def enqueue(self: Client, task: str, *args: Any, **kwargs: Any) -> Job[Any]:  # its fast path never sees options
-        return self.enqueue_with_options(task, args=args, kwargs=kwargs)
+    def send_job(self: Client, frame: bytes, job_id: str, mode: Any, send_timeout: Optional[float]) -> str:
+        recorder.job(frame, confirmed=False)
+        return job_id
 
-    def enqueue_with_options(self: Client, task: str, *, args: Iterable[Any] = (),
-                             kwargs: Optional[Mapping[str, Any]] = None, job_id: Optional[str] = None,
-                             **_options: Any) -> Job[Any]:
-        frame = envelope.encode_request("job", job_id or os.urandom(16).hex(), _task_name(task), tuple(args),
-                                        dict(kwargs or {}))
-        return Job(recorder.run_job(frame), self)
+    def confirm(self: Client, frame: bytes, job_id: str, task: str, total: float) -> None:
+        refused = recorder.job(frame, confirmed=True)
+        if refused is not None:
+            raise _remote_error(envelope.decode_reply(refused))
 
-    def call_with_options(self: Client, task: str, *, args: Iterable[Any] = (),
-                          kwargs: Optional[Mapping[str, Any]] = None, **_options: Any) -> Any:
-        frame = envelope.encode_request("call", os.urandom(16).hex(), _task_name(task), tuple(args),
-                                        dict(kwargs or {}))
-        return recorder.run_call(frame)
+    def request(self: Client, frame: bytes, *_: Any, **__: Any) -> envelope.Reply:
+        return recorder.request(frame)
 
-    Client.enqueue = enqueue  # type: ignore[method-assign]
-    Client.enqueue_with_options = enqueue_with_options  # type: ignore[method-assign]
-    Client.call_with_options = call_with_options  # type: ignore[method-assign]
+    Client._send_job = send_job  # type: ignore[method-assign]
+    Client._confirm = confirm  # type: ignore[method-assign]
+    Client._request = request  # type: ignore[method-assign]
     try:
         yield recorder
     finally:
-        Client.enqueue, Client.enqueue_with_options, Client.call_with_options = saved  # type: ignore[method-assign]
+        Client._send_job, Client._confirm, Client._request = saved  # type: ignore[method-assign]
 
 
 __all__ = ["EagerJob", "EagerRecorder", "eager"]

@@ -85,3 +85,58 @@ def test_the_real_client_is_back_after_the_block(fresh):
         pass
     with pytest.raises(zqsync.CallTimeout):
         fresh.call("add", 1, 2)
+
+
+@registry.task
+def huge():
+    return 2**70
+
+
+def test_job_result_and_cancel_answer_from_the_block_as_a_worker_would(fresh):
+    with eager(registry):
+        confirmed = fresh.enqueue_with_options("add", args=(1, 2), confirm=True)
+        kept = fresh.enqueue_with_options("add", args=(3, 4), store_result=True)
+        plain = fresh.enqueue("add", 5, 6)
+        assert confirmed.result() == 3 and fresh.result(kept) == 7
+        status = fresh.job(confirmed)
+        assert (status.state, status.task, status.attempts, status.worker) == ("done", "add", 1, fresh.endpoints[0])
+        assert fresh.cancel(confirmed).state == "done"
+        assert fresh.job(plain).state == "unknown"  # nobody asked to keep it
+    assert fresh.stats()["push"]["opened"] == 0 and fresh.stats()["dealer"]["opened"] == 0, "no socket opened"
+
+
+def test_the_clients_own_checks_hold_in_eager_mode(fresh):
+    import datetime
+
+    with eager(registry):
+        with pytest.raises(zqsync.ConfigurationError, match="deadline"):
+            fresh.enqueue_with_options("add", args=(1, 2), confirm=True, deadline=1.0)
+        with pytest.raises(zqsync.ConfigurationError, match="eta"):
+            fresh.enqueue_with_options("add", args=(1, 2), eta=datetime.datetime(2030, 1, 1))
+        with pytest.raises(zqsync.ConfigurationError, match="send_timeout"):
+            fresh.enqueue_with_options("add", args=(1, 2), send_timeout=-1)
+    assert ran == []
+
+
+def test_a_delayed_job_waits_for_the_recorders_clock_and_can_be_cancelled(fresh):
+    with eager(registry) as recorder:
+        later = fresh.enqueue_with_options("add", args=(1, 1), delay=3600)
+        never = fresh.enqueue_with_options("add", args=(2, 2), delay=3600)
+        assert ran == [] and fresh.job(later).state == "scheduled"
+        assert fresh.cancel(never).state == "cancelled"
+        assert recorder.advance(3599) == []
+        assert [job.id for job in recorder.advance(1)] == [later]
+        assert fresh.result(later) == 2 and fresh.job(never).state == "cancelled"
+    assert ran == [("add", 1, 1)]
+
+
+def test_unknown_tasks_and_unencodable_results_go_as_on_a_worker(fresh):
+    with eager(registry) as recorder:
+        fresh.enqueue("nosuch")  # a worker drops it (and logs it): no error for the sender
+        with pytest.raises(zqsync.UnknownTask):
+            fresh.enqueue_with_options("nosuch", confirm=True)  # a worker refuses to journal it
+        job_id = fresh.enqueue_with_options("huge", confirm=True)
+        with pytest.raises(zqsync.RemoteError, match="64-bit") as raised:
+            fresh.result(job_id)
+    assert raised.value.remote_type == "TypeError"
+    assert [(job.task, job.value[0]) for job in recorder.failed()] == [("nosuch", "UnknownTask"), ("huge", "TypeError")]

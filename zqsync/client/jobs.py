@@ -92,8 +92,6 @@ class JobStatus:
                    reply.get("due"), worker if known else None, reply.get("pid") if known else None, unanswered)
 
 
-__all__ = ["FINISHED", "JobStatus"]
-
 
 class Job(str, Generic[R]):
     """A job id, as ``enqueue`` returns it: a ``str`` (compared, hashed, encoded and pickled as the
@@ -126,3 +124,6 @@ class Job(str, Generic[R]):
     def cancel(self, *, timeout: Optional[float] = None) -> JobStatus:
         """:meth:`Client.cancel <zqsync.Client.cancel>` of this job."""
         return self.client.cancel(self, timeout=timeout)
+
+
+__all__ = ["FINISHED", "Job", "JobStatus"]
