@@ -118,10 +118,13 @@ def _deadline(name: str, value: Any) -> float:
 
 def _keepalive(name: str, value: Any) -> float:
     """Whole seconds (rounded up) from 1 to :data:`MAX_KEEPALIVE`: what a TCP keepalive option takes."""
-    number = math.ceil(check_seconds(name, value, 1.0))
-    if number > MAX_KEEPALIVE:
-        raise ConfigurationError(f"{name} must be <= {MAX_KEEPALIVE:g} seconds, got {value!r}", setting=name)
-    return float(number)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 1.0 <= number <= MAX_KEEPALIVE:  # NaN fails this too
+        raise ConfigurationError(f"{name} must be from 1 to {MAX_KEEPALIVE:g} seconds, got {value!r}", setting=name)
+    return float(math.ceil(number))
 
 
 def _confirm_retry(name: str, value: Any) -> float:

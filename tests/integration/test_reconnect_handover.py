@@ -9,14 +9,17 @@ Root-free reproduction on loopback: DEALER ``old`` connects with an id and sends
 stays open (the stale connection); DEALER ``new`` connects with the same id and sends more. Every
 request sent on ``new`` must reach the worker: the jobs run (their ``record`` lines) and the calls
 are answered, on every socket clients connect to (a standalone worker's jobs and rpc sockets, a named
-queue's socket, the prefork supervisor's public pair). ``tests/e2e/test_multihost.py`` does the same
-with a real cut between network namespaces.
+queue's socket, the prefork supervisor's public pair). ``tests/e2e/test_flap.py`` does the same
+with a real cut between network namespaces. And the worker's kernel must probe its client
+connections (TCP keepalive, seen with ``ss``), so that a stale one is closed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Iterator
@@ -110,3 +113,32 @@ def test_calls_sent_on_a_reconnect_with_a_held_routing_id_are_answered(worker):
 def test_a_named_queue_runs_jobs_sent_on_a_reconnect_with_a_held_routing_id(zq_worker, tmp_path):
     worker = zq_worker(extra_args=["--queue", "low=tcp://127.0.0.1:0"])
     jobs_on_a_held_routing_id(worker.stats()["queues"]["low"]["endpoint"], tmp_path / "record.txt")
+
+
+def keepalive_timers(port: int) -> list[str]:
+    """The ``ss`` timer field of each established TCP connection whose local port is ``port``."""
+    listed = subprocess.run(["ss", "-Htno", "state", "established", f"( sport = :{port} )"], capture_output=True,
+                            text=True, timeout=20, check=True)
+    return [line.split("timer:", 1)[1] if "timer:" in line else "(none)" for line in listed.stdout.splitlines()]
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's `ss` is not installed")
+def test_the_worker_s_kernel_probes_its_client_connections(worker, tmp_path):
+    port = int(worker.endpoint.rsplit(":", 1)[1])
+    with sockets() as context:
+        jobs = dealer(context, worker.endpoint, b"probe-jobs")
+        jobs.send(encode_request("job", "one", "record", (str(tmp_path / "record.txt"), "one")))
+        rpc = dealer(context, rpc_endpoint(worker.endpoint), b"probe-rpc")
+        rpc.send(encode_request("call", "one", "zqsync.ping"))
+        assert rpc.poll(slack(10) * 1000), "no answer"
+        wait_for(lambda: lines(tmp_path / "record.txt") == ["one"], what="the job")
+        seen: dict[str, list[str]] = {}
+
+        def probed() -> bool:  # a connection with data in flight shows its retransmission timer until the ack
+            seen.update(jobs=keepalive_timers(port), rpc=keepalive_timers(port + 1))
+            return all(found and all(timer.startswith("(keepalive,") for timer in found) for found in seen.values())
+
+        try:
+            wait_for(probed, timeout=slack(5), what="keepalive timers")
+        except AssertionError:
+            raise AssertionError(f"the worker's client connections have no keepalive timer: {seen}") from None
