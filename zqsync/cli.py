@@ -177,6 +177,12 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="seconds past a task's time limit before a worker process whose hub is still "
                         "blocked (a C call that never returns) dumps its threads' tracebacks and exits with "
                         f"status 1, to be restarted (default: {settings.HARD_GRACE})")
+    worker.add_argument("--keepalive-idle", type=_seconds, default=settings.KEEPALIVE_IDLE, metavar="SECONDS",
+                        help="seconds a client connection may stay silent before the worker's kernel probes it "
+                        "(TCP keepalive; a connection left by a client across a cut is closed after 3 unanswered "
+                        f"probes) (default: {settings.KEEPALIVE_IDLE:g})")
+    worker.add_argument("--keepalive-interval", type=_seconds, default=settings.KEEPALIVE_INTERVAL, metavar="SECONDS",
+                        help=f"seconds between those probes (default: {settings.KEEPALIVE_INTERVAL:g})")
     worker.add_argument("--no-remote-tracebacks", dest="remote_tracebacks", action="store_false",
                         help="send a failed call's error type and message only, not its traceback (which shows "
                         "the worker's file paths and code); the worker logs the traceback instead")
@@ -455,7 +461,7 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
                                 graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
                                 on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
-                                allow_client_keys=config.allow_client_keys)
+                                allow_client_keys=config.allow_client_keys, keepalive=config.keepalive)
         return supervisor.run()
 
 

@@ -78,6 +78,12 @@ JOURNAL_BUSY_TIMEOUT = 30.0
 KEEP_DONE = 3600.0
 KEEP_DEAD = 7 * 86400.0
 HARD_GRACE = 5.0
+#: TCP keepalive of the sockets clients connect to (``worker/binding.py``), seconds: a connection silent for
+#: KEEPALIVE_IDLE is probed every KEEPALIVE_INTERVAL and closed after ``binding.KEEPALIVE_PROBES`` unanswered probes.
+KEEPALIVE_IDLE = 60.0
+KEEPALIVE_INTERVAL = 10.0
+#: Longest keepalive idle time or interval, seconds (Linux's TCP_KEEPIDLE and TCP_KEEPINTVL limit).
+MAX_KEEPALIVE = 32767.0
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -115,6 +121,17 @@ def _seconds(name: str, value: Any) -> float:
 def _deadline(name: str, value: Any) -> float:
     """A deadline: 0 would fail every request before it is sent."""
     return check_seconds(name, value, 0.0, inclusive=False)
+
+
+def _keepalive(name: str, value: Any) -> float:
+    """Whole seconds (rounded up) from 1 to :data:`MAX_KEEPALIVE`: what a TCP keepalive option takes."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not 1.0 <= number <= MAX_KEEPALIVE:  # NaN fails this too
+        raise ConfigurationError(f"{name} must be from 1 to {MAX_KEEPALIVE:g} seconds, got {value!r}", setting=name)
+    return float(math.ceil(number))
 
 
 def _confirm_retry(name: str, value: Any) -> float:
@@ -278,6 +295,9 @@ class WorkerSettings:
     :ivar keep_done: seconds ``done`` rows stay journaled (duplicate detection, results).
     :ivar keep_dead: seconds dead-lettered rows stay journaled.
     :ivar hard_grace: seconds past a task's time limit before a blocked worker process ends (``watchdog.py``).
+    :ivar keepalive_idle: seconds a client connection may be silent before the worker's kernel probes it
+        (TCP keepalive; whole seconds, rounded up, 1 to 32767).
+    :ivar keepalive_interval: seconds between probes; a connection is closed after three unanswered ones.
     :ivar curve_secret_key: the worker's ``.key_secret`` file; with ``allow_client_keys``, CURVE only.
     :ivar allow_client_keys: directory of allowed client public keys (``*.key``).
     :ivar queues: named job queues, highest priority first (:class:`QueueSpec`,
@@ -300,6 +320,8 @@ class WorkerSettings:
     keep_done: float = KEEP_DONE
     keep_dead: float = KEEP_DEAD
     hard_grace: float = HARD_GRACE
+    keepalive_idle: float = KEEPALIVE_IDLE
+    keepalive_interval: float = KEEPALIVE_INTERVAL
     curve_secret_key: Optional[str] = None
     allow_client_keys: Optional[str] = None
     queues: tuple[QueueSpec, ...] = ()
@@ -317,6 +339,8 @@ class WorkerSettings:
         "keep_done": _seconds,
         "keep_dead": _seconds,
         "hard_grace": _deadline,
+        "keepalive_idle": _keepalive,
+        "keepalive_interval": _keepalive,
         "curve_secret_key": _optional_path,
         "allow_client_keys": _optional_path,
         "queues": _queues,
@@ -329,6 +353,11 @@ class WorkerSettings:
         if bool(self.curve_secret_key) != bool(self.allow_client_keys):
             raise ConfigurationError("CURVE needs both a secret key and a directory of allowed client keys",
                                      setting="curve_secret_key")
+
+    @property
+    def keepalive(self) -> tuple[float, float]:
+        """``(keepalive_idle, keepalive_interval)``, seconds."""
+        return self.keepalive_idle, self.keepalive_interval
 
     def replace(self, **overrides: Any) -> "WorkerSettings":
         """A copy with ``overrides`` (field names; ``None`` keeps a field), checked again.

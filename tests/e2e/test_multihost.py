@@ -45,12 +45,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import MONKEY_PATCHED, ROOT
-from tests.e2e.netns import Lab, remove_stale_namespaces, unavailable_reason
+from tests.e2e.netns import Lab
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-SUBNET = "10.254.7"  # exists only inside the lab's namespaces
 PORT = 5555
 CALL_TIMEOUT = 2.0
 CALL_ATTEMPTS = 3
@@ -212,16 +211,6 @@ class Run:
     def log_tails(self) -> str:
         return "\n".join(f"--- {name} ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-30:])
                          for name, path in self.logs.items() if path.exists())
-
-
-@pytest.fixture
-def lab():
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    remove_stale_namespaces()
-    with Lab(SUBNET) as made:
-        yield made
 
 
 @pytest.fixture

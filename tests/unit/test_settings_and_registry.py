@@ -6,7 +6,7 @@ import pytest
 
 import zqsync
 from zqsync.errors import ConfigurationError
-from zqsync.settings import ClientSettings
+from zqsync.settings import ClientSettings, WorkerSettings
 from zqsync.wire.endpoints import split_endpoint
 from zqsync.worker import Registry
 
@@ -88,3 +88,12 @@ def test_registry_refuses_duplicate_names():
     registry.task(name="t")(lambda: None)
     with pytest.raises(ConfigurationError, match="already registered"):
         registry.task(name="t")(lambda: None)
+
+
+def test_worker_keepalive_is_whole_seconds_within_what_tcp_takes():
+    assert WorkerSettings().keepalive == (60.0, 10.0)
+    assert WorkerSettings(keepalive_idle=2.5, keepalive_interval=1).keepalive == (3.0, 1.0)  # rounded up
+    for field, value in (("keepalive_idle", 0), ("keepalive_interval", 0.5), ("keepalive_idle", 40000),
+                         ("keepalive_interval", "never")):
+        with pytest.raises(ConfigurationError, match=f"{field} must be from 1 to 32767 seconds"):
+            WorkerSettings(**{field: value})

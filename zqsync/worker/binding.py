@@ -1,22 +1,58 @@
-"""Binding a worker's socket pair: jobs on PORT, rpc on PORT+1."""
+"""Binding a worker's socket pair (jobs on PORT, rpc on PORT+1), and the options of every socket clients connect to.
+
+:func:`serve_clients` is applied to each ROUTER a client connects to: a standalone worker's pair,
+a named queue's socket and a prefork supervisor's public pair (``docs/design.md``, "Delivery semantics"):
+
+* ``ZMQ_ROUTER_HANDOVER``: a client that reconnects after a cut keeps its routing id, and the worker
+  may still hold the old connection (no FIN crossed the cut). Without the option libzmq ignores the
+  new connection for good and everything sent on it is lost unread; with it the new connection takes
+  the id over. libzmq then drops what the worker had not yet read from the old connection.
+* TCP keepalive (``keepalive_idle``, ``keepalive_interval``, :data:`KEEPALIVE_PROBES`): the worker's
+  kernel probes a silent connection and closes it when the client's host no longer answers, so a
+  stale connection does not hold an fd and its buffers for ever. The client's kernel answers the
+  probes however busy either process is, so it never drops a connection to a live client; ZMTP
+  heartbeats would not do (the design says why).
+"""
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 from typing import Optional
 
 import zmq
 
+from .. import settings
 from ..errors import ConfigurationError
 from ..wire.curve import server_options
 from ..wire.endpoints import is_loopback, parse_endpoint
 
 log = logging.getLogger(__name__)
 
+#: Unanswered TCP keepalive probes before the worker's kernel closes a client connection.
+KEEPALIVE_PROBES = 3
+#: ``(idle, interval)`` seconds of the worker's TCP keepalive by default.
+KEEPALIVE = (settings.KEEPALIVE_IDLE, settings.KEEPALIVE_INTERVAL)
 
-def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_key: Optional[str] = None) -> str:
-    """Bind ``jobs`` to PORT and ``rpc`` to PORT+1 of ``address`` (``tcp://HOST:PORT``).
+
+def serve_clients(sock: zmq.Socket, keepalive: tuple[float, float] = KEEPALIVE) -> None:
+    """Set the options of a ROUTER that clients connect to (module docstring), before it binds.
+
+    :param keepalive: ``(idle, interval)`` seconds of TCP keepalive, rounded up to whole seconds.
+    """
+    idle, interval = (max(1, math.ceil(seconds)) for seconds in keepalive)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, idle)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, interval)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+
+
+def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_key: Optional[str] = None,
+              keepalive: tuple[float, float] = KEEPALIVE) -> str:
+    """Bind ``jobs`` to PORT and ``rpc`` to PORT+1 of ``address`` (``tcp://HOST:PORT``), both set up
+    by :func:`serve_clients` with ``keepalive``.
 
     PORT ``0`` picks a free pair in 20000..60000, retrying while PORT+1 is taken.
     HOST may be an IPv4 address, ``*`` (every IPv4 interface), a host name,
@@ -31,6 +67,8 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
     :raises zmq.ZMQError: a fixed port is in use or the host is unavailable.
     """
     host, port = parse_endpoint(address, allow_zero=True)
+    serve_clients(jobs, keepalive)
+    serve_clients(rpc, keepalive)
     if host.startswith("tcp://["):
         jobs.setsockopt(zmq.IPV6, 1)
         rpc.setsockopt(zmq.IPV6, 1)

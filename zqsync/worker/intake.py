@@ -131,7 +131,8 @@ class StandaloneIntake(Intake):
         if self.settings.allow_client_keys:
             self._authenticator = GeventAuthenticator(context, self.settings.allow_client_keys)
             self._authenticator.start()
-        self.endpoint = bind_pair(jobs, rpc, self.settings.bind, curve_secret_key=self.settings.curve_secret_key)
+        self.endpoint = bind_pair(jobs, rpc, self.settings.bind, curve_secret_key=self.settings.curve_secret_key,
+                                  keepalive=self.settings.keepalive)
         self._peers = Peers(jobs, jobs.getsockopt_string(zmq.LAST_ENDPOINT))
         self._watch_connections(jobs, "jobs")
         self._watch_connections(rpc, "rpc")

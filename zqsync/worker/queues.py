@@ -19,6 +19,7 @@ import zmq
 from ..settings import QueueSpec
 from ..wire.curve import server_options
 from ..wire.endpoints import parse_endpoint
+from .binding import serve_clients
 from .stopping import Peers
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,14 @@ class JobQueue:
         self.peers: Optional[Peers] = None
 
     def bind(self, context: zmq.Context, *, hwm: int, max_message_size: int,
-             curve_secret_key: Optional[str]) -> zmq.Socket:
-        """Bind the queue's jobs (ROUTER) socket (its address is then :attr:`endpoint`); returns it.
+             curve_secret_key: Optional[str], keepalive: tuple[float, float]) -> zmq.Socket:
+        """Bind the queue's jobs (ROUTER) socket (its address is then :attr:`endpoint`), set up for
+        clients with TCP keepalive ``(idle, interval)`` seconds (``binding.serve_clients``); returns it.
 
         :raises zmq.ZMQError: the address is taken or unavailable."""
         host, port = parse_endpoint(self.spec.endpoint, allow_zero=True)
         sock = self.sock = context.socket(zmq.ROUTER)
+        serve_clients(sock, keepalive)
         options: dict[int, object] = {zmq.LINGER: 1000, zmq.RCVHWM: hwm, zmq.MAXMSGSIZE: max_message_size}
         options.update(server_options(curve_secret_key) if curve_secret_key else {})
         for option, value in options.items():

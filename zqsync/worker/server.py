@@ -88,7 +88,7 @@ class Worker(Receiving, Shutdown):
         self.endpoint = self.scheduler.book.worker = self.intake.open(context, self.jobs, self.rpc, self._report)
         for queue in self.queues:
             self._sockets.append(queue.bind(context, hwm=self.hwm, max_message_size=self.max_message_size,
-                                            curve_secret_key=self.curve_secret_key))
+                                            curve_secret_key=self.curve_secret_key, keepalive=self.settings.keepalive))
         return self.endpoint
 
     def _after_fork_in_child(self) -> None:

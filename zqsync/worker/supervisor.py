@@ -65,7 +65,7 @@ import zmq
 from .. import _common, settings
 from ..errors import ConfigurationError
 from .auth import curve_state, start_thread_authenticator
-from .binding import bind_pair
+from .binding import KEEPALIVE, bind_pair
 from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
 from .stopping import DRAIN_LIMIT
@@ -109,6 +109,7 @@ class Supervisor:
     :param on_child_exit: called with the pid of every child that exited.
     :param curve_secret_key: make the public sockets CURVE servers (see ``auth.py``).
     :param allow_client_keys: directory of allowed client public keys.
+    :param keepalive: ``(idle, interval)`` seconds of the public sockets' TCP keepalive (``binding.py``).
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class Supervisor:
         on_child_exit: Optional[Callable[[int], None]] = None,
         curve_secret_key: Optional[str] = None,
         allow_client_keys: Optional[str] = None,
+        keepalive: tuple[float, float] = KEEPALIVE,
     ) -> None:
         if processes < 1:
             raise ConfigurationError(f"processes must be >= 1, got {processes}", setting="processes")
@@ -136,6 +138,7 @@ class Supervisor:
         self.parent_pid = parent_pid
         self.on_child_exit = on_child_exit
         self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
+        self.keepalive = keepalive
         self._authenticator: Any = None
         self.endpoint = ""
         self.children: dict[int, _Child] = {}
@@ -159,7 +162,8 @@ class Supervisor:
         jobs_front, rpc_front = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
         if self.allow_client_keys:
             self._authenticator = start_thread_authenticator(context, self.allow_client_keys)
-        self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address, curve_secret_key=self.curve_secret_key)
+        self.endpoint = bind_pair(jobs_front, rpc_front, self.bind_address, curve_secret_key=self.curve_secret_key,
+                                  keepalive=self.keepalive)
         self._jobs_endpoint = jobs_front.getsockopt_string(zmq.LAST_ENDPOINT)
         for sock in (jobs_front, rpc_front):
             sock.setsockopt(zmq.LINGER, 1000)
