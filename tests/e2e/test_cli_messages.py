@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -76,3 +77,18 @@ def test_call_and_enqueue_have_their_own_timeout_help():
     assert "--timeout TIMEOUT seconds to wait for the worker to take the job (default: ZQSYNC_SEND_TIMEOUT, 1)" \
         in enqueue_help
     assert "--confirm" in enqueue_help and "--confirm" not in call_help
+
+
+@pytest.mark.parametrize("how", ["standalone", "prefork", "named queue"])
+def test_a_worker_on_a_port_in_use_says_so_in_one_line(how):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        free = "tcp://127.0.0.1:0"
+        args = {"standalone": ["--bind", busy], "prefork": ["--bind", busy, "--processes", "2"],
+                "named queue": ["--bind", free, "--queue", f"mail={busy}"]}[how]
+        result = zqsync_cli("worker", "zqsync.demo.tasks:registry", *args)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"zqsync worker: ConfigurationError: cannot bind {busy}: Address already in use" in result.stderr

@@ -63,8 +63,8 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
     bound with a warning, since anyone who can reach it can run tasks.
 
     :returns: the bound base endpoint.
-    :raises ConfigurationError: malformed address (naming it), or no free pair found.
-    :raises zmq.ZMQError: a fixed port is in use or the host is unavailable.
+    :raises ConfigurationError: malformed address (naming it), a fixed port in use, a host that is not
+        this machine's, or no free pair found.
     """
     host, port = parse_endpoint(address, allow_zero=True)
     serve_clients(jobs, keepalive)
@@ -82,8 +82,8 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
             "--curve-secret-key FILE --allow-client-keys DIR (see zqsync keygen)", address,
         )
     if port:
-        jobs.bind(f"{host}:{port}")
-        rpc.bind(f"{host}:{port + 1}")
+        bind(jobs, f"{host}:{port}")
+        bind(rpc, f"{host}:{port + 1}")
         return f"{host}:{port}"
     for _ in range(100):
         port = jobs.bind_to_random_port(host, min_port=20000, max_port=60000)
@@ -95,3 +95,21 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
                 raise
             jobs.unbind(jobs.getsockopt_string(zmq.LAST_ENDPOINT))
     raise ConfigurationError(f"found no free port pair on {host}", setting="bind")
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> None:
+    """``sock.bind(endpoint)``, with an operator's mistake as a one-line error.
+
+    :raises ConfigurationError: the address is in use, or it is not an address of this machine.
+    :raises zmq.ZMQError: any other failure.
+    """
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError as exc:
+        hints = {errno.EADDRINUSE: "another process listens there: stop it, or choose another port",
+                 errno.EADDRNOTAVAIL: "that is not an address of this machine",
+                 errno.ENODEV: "there is no such network interface here"}
+        if exc.errno not in hints:
+            raise
+        raise ConfigurationError(f"cannot bind {endpoint}: {zmq.strerror(exc.errno)} ({hints[exc.errno]})",
+                                 setting="bind") from None

@@ -19,7 +19,7 @@ import zmq
 from ..settings import QueueSpec
 from ..wire.curve import server_options
 from ..wire.endpoints import parse_endpoint
-from .binding import serve_clients
+from .binding import bind, serve_clients
 from .stopping import Peers
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class JobQueue:
         """Bind the queue's jobs (ROUTER) socket (its address is then :attr:`endpoint`), set up for
         clients with TCP keepalive ``(idle, interval)`` seconds (``binding.serve_clients``); returns it.
 
-        :raises zmq.ZMQError: the address is taken or unavailable."""
+        :raises ConfigurationError: the address is taken or not this machine's (:func:`.binding.bind`)."""
         host, port = parse_endpoint(self.spec.endpoint, allow_zero=True)
         sock = self.sock = context.socket(zmq.ROUTER)
         serve_clients(sock, keepalive)
@@ -56,7 +56,7 @@ class JobQueue:
         for option, value in options.items():
             sock.setsockopt(option, value)
         if port:
-            sock.bind(f"{host}:{port}")
+            bind(sock, f"{host}:{port}")
         else:
             sock.bind_to_random_port(host, min_port=20000, max_port=60000)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -74,7 +74,7 @@ class Worker(Receiving, Shutdown):
         """Make both sockets and let the intake bind or connect them; returns the worker's endpoint.
 
         :raises ConfigurationError: malformed bind endpoint.
-        :raises zmq.ZMQError: the address is in use or unavailable.
+        :raises ConfigurationError: the address is in use or not this machine's.
         """
         context = self._context = zmq.green.Context()
         self.jobs = context.socket(self.intake.jobs_type)
