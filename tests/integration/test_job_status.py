@@ -8,6 +8,7 @@ another worker, and a stop under a long-poll, take worker processes.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -131,7 +132,7 @@ def test_a_waiting_long_poll_does_not_hold_up_a_worker_stop(zq_worker, tmp_path,
         sent: list[str] = []
         send = client._call_at
         monkeypatch.setattr(client, "_call_at", lambda name, *rest, **kw: sent.append(name) or send(name, *rest, **kw))
-        waiter = threading.Thread(target=lambda: outcome.append(_raised(client.result, job_id, timeout=slack(40))))
+        waiter = threading.Thread(target=lambda: outcome.append(_raised(client.result, job_id, timeout=slack(8))))
         waiter.start()
         wait_for(lambda: "zqsync.result" in sent, what="the long-poll to be sent")
         started = time.monotonic()
@@ -141,6 +142,32 @@ def test_a_waiting_long_poll_does_not_hold_up_a_worker_stop(zq_worker, tmp_path,
     print(f"worker stop with a long-poll waiting: {stopped_in:.2f} s")
     assert stopped_in < slack(4), f"the stop took {stopped_in:.1f} s (1 s of grace for the task)"
     assert outcome and isinstance(outcome[0], zqsync.ZqsyncError), outcome
+
+
+@pytest.mark.timeout(120)
+def test_a_waiting_result_survives_a_worker_restart_and_keeps_to_its_timeout(zq_worker, tmp_path, monkeypatch):
+    out, state = tmp_path / "out", str(tmp_path / "state")
+    worker = zq_worker(TASKS, extra_args=["--state-dir", state])
+    outcome: list = []
+    with zqsync.Client(worker.endpoint) as client:
+        job_id = client.enqueue_with_options("slow", args=(str(out), "again", 1.0), confirm=True)
+        wait_for(lambda: out.exists(), what="the job to start")
+        sent: list[str] = []
+        send = client._call_at
+        monkeypatch.setattr(client, "_call_at", lambda name, *rest, **kw: sent.append(name) or send(name, *rest, **kw))
+        waiter = threading.Thread(target=lambda: outcome.append(client.result(job_id, timeout=slack(40))))
+        waiter.start()
+        wait_for(lambda: "zqsync.result" in sent, what="the long-poll to be sent")
+        worker.stop(sig=signal.SIGKILL)
+        zq_worker(TASKS, bind=worker.endpoint, extra_args=["--state-dir", state])  # the journal runs it again
+        waiter.join(timeout=slack(60))
+        assert outcome == ["again"], "the waiter followed the job to the restarted worker"
+        other = client.enqueue_with_options("slow", args=(str(out), "never", 60.0), confirm=True)
+        started = time.monotonic()
+        with pytest.raises(zqsync.CallTimeout):
+            client.result(other, timeout=2.0)
+        took = time.monotonic() - started
+    assert 2.0 <= took < 2.0 + slack(1.0), f"result(timeout=2.0) took {took:.2f} s"
 
 
 def _raised(fn, *args, **kwargs):

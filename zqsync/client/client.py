@@ -28,6 +28,7 @@ from ..errors import (
     PoolError,
     RemoteError,
     Unconfirmed,
+    WorkerStopping,
     ZqsyncWarning,
     remote_error,
 )
@@ -45,8 +46,11 @@ from .routes import Routes
 
 log = logging.getLogger(__name__)
 
-#: Longest single ``zqsync.result`` long-poll, seconds (the worker's bound); longer waits call again.
-LONG_POLL = 30.0
+#: Longest single ``zqsync.result`` long-poll, seconds; longer waits call again. Short, because a
+#: worker that dies during one never answers it: its waiters find the job again this soon.
+LONG_POLL = 5.0
+#: Seconds a long-poll's reply may take past its wait before the worker counts as gone for this round.
+LONG_POLL_GRACE = 2.0
 #: Seconds between look-ups of an id that no worker knows yet (a plain job may not have arrived).
 UNKNOWN_RETRY = 1.0
 
@@ -428,7 +432,7 @@ class Client:
 
         Blocks the calling greenlet (cooperatively under gevent) or thread. It finds the worker holding the
         job (:meth:`job`), then long-polls it (``zqsync.result``: the worker answers as soon as the job
-        finishes, or after at most 30 s, and the client asks again). An id no worker knows yet is
+        finishes, or after at most :data:`LONG_POLL` s, and the client asks again). An id no worker knows yet is
         long-polled on its preferred worker a second at a time, then looked up again: a plain job may still
         be on its way.
 
@@ -437,7 +441,8 @@ class Client:
             stored on request (``store_result``) have one to wait for.
         :raises RemoteError: the job failed or is dead: its task's error (type name and message);
             :class:`~zqsync.errors.JobCancelled` if it was cancelled.
-        :raises CallTimeout: it did not finish within ``timeout`` (or its worker stopped answering).
+        :raises CallTimeout: it did not finish within ``timeout``. A worker that dies, restarts or stops
+            meanwhile does not end the wait: the job is looked for again until ``timeout``.
         """
         self._check_open()
         total = self._timeout(timeout)
@@ -449,12 +454,17 @@ class Client:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CallTimeout("zqsync.result", total, status.worker or list(self.endpoints))
-            known = status.worker is not None
-            wait = min(remaining, LONG_POLL if known else UNKNOWN_RETRY)
+            # The worker answers within `wait`, a margin before this call's own deadline.
+            wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
             rpc = self._rpc_of(status.worker) if status.worker else rank(job_id, self._rpc_endpoints)[0]
-            status = self._admin("zqsync.result", (job_id, wait), rpc, wait + min(self.settings.call_timeout, 5.0))
+            try:
+                status = self._admin("zqsync.result", (job_id, wait), rpc, min(remaining, wait + LONG_POLL_GRACE))
+            except (CallTimeout, PoolError, WorkerStopping):
+                # Its worker died, restarts or stops: the job runs again (or goes on) wherever the
+                # journal puts it, so look for it again until the deadline.
+                status = JobStatus(job_id, "unknown")
             if status.state == "unknown" and deadline > time.monotonic():
-                status = self._find(job_id, deadline - time.monotonic())
+                status = self._find(job_id, min(deadline - time.monotonic(), self.settings.call_timeout))
         return status.value()
 
     def cancel(self, job_id: str, *, timeout: Optional[float] = None) -> JobStatus:
