@@ -129,12 +129,8 @@ def test_a_waiting_long_poll_does_not_hold_up_a_worker_stop(zq_worker, tmp_path,
     with zqsync.Client(worker.endpoint) as client:
         job_id = client.enqueue_with_options("slow", args=(str(out), "w", 60.0), confirm=True)
         wait_for(lambda: out.exists(), what="the job to start")
-        sent: list[str] = []
-        send = client._call_at
-        monkeypatch.setattr(client, "_call_at", lambda name, *rest, **kw: sent.append(name) or send(name, *rest, **kw))
-        waiter = threading.Thread(target=lambda: outcome.append(_raised(client.result, job_id, timeout=slack(8))))
-        waiter.start()
-        wait_for(lambda: "zqsync.result" in sent, what="the long-poll to be sent")
+        waiter = _long_poll(client, monkeypatch, lambda: outcome.append(_raised(client.result, job_id,
+                                                                                timeout=slack(8))))
         started = time.monotonic()
         worker.stop(timeout=slack(30))
         stopped_in = time.monotonic() - started
@@ -152,12 +148,7 @@ def test_a_waiting_result_survives_a_worker_restart_and_keeps_to_its_timeout(zq_
     with zqsync.Client(worker.endpoint) as client:
         job_id = client.enqueue_with_options("slow", args=(str(out), "again", 1.0), confirm=True)
         wait_for(lambda: out.exists(), what="the job to start")
-        sent: list[str] = []
-        send = client._call_at
-        monkeypatch.setattr(client, "_call_at", lambda name, *rest, **kw: sent.append(name) or send(name, *rest, **kw))
-        waiter = threading.Thread(target=lambda: outcome.append(client.result(job_id, timeout=slack(40))))
-        waiter.start()
-        wait_for(lambda: "zqsync.result" in sent, what="the long-poll to be sent")
+        waiter = _long_poll(client, monkeypatch, lambda: outcome.append(client.result(job_id, timeout=slack(40))))
         worker.stop(sig=signal.SIGKILL)
         zq_worker(TASKS, bind=worker.endpoint, extra_args=["--state-dir", state])  # the journal runs it again
         waiter.join(timeout=slack(60))
@@ -168,6 +159,17 @@ def test_a_waiting_result_survives_a_worker_restart_and_keeps_to_its_timeout(zq_
             client.result(other, timeout=2.0)
         took = time.monotonic() - started
     assert 2.0 <= took < 2.0 + slack(1.0), f"result(timeout=2.0) took {took:.2f} s"
+
+
+def _long_poll(client: zqsync.Client, monkeypatch, wait) -> threading.Thread:
+    """Start ``wait`` (a ``client.result``) in a thread; return it once its long-poll was sent."""
+    sent: list[str] = []
+    send = client._call_at
+    monkeypatch.setattr(client, "_call_at", lambda name, *rest, **kw: sent.append(name) or send(name, *rest, **kw))
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_for(lambda: "zqsync.result" in sent, what="the long-poll to be sent")
+    return waiter
 
 
 def _raised(fn, *args, **kwargs):
