@@ -21,12 +21,20 @@ environment variable       field                    unit         default
 ``ZQSYNC_MAX_SOCKETS``     max_sockets              sockets      4096
 ``ZQSYNC_HEARTBEAT``       heartbeat (0: off)       seconds      1.0
 ``ZQSYNC_CONNECT_TIMEOUT`` connect_timeout (0: OS)  seconds      2.0
+``ZQSYNC_PROBE_TIMEOUT``   probe_timeout            seconds      0.5
+``ZQSYNC_PROBE_BACKOFF``   probe_backoff            seconds      0.5
+``ZQSYNC_PROBE_BACKOFF_MAX`` probe_backoff_max      seconds      5.0
 ========================== ======================== ============ ===========
 
 Durations are finite, at most :data:`MAX_SECONDS`; ``call_timeout`` and
 ``confirm_timeout`` are more than 0 and ``confirm_retry`` at least
 :data:`MIN_CONFIRM_RETRY` (0.1 s). ``heartbeat`` drives ZMTP heartbeats on
 call (DEALER) sockets and TCP keepalive on job (send-only DEALER) sockets (``pool.py``).
+The ``probe_*`` settings find a dead worker among several (``client/health.py``): a confirm
+attempt that no connection takes within ``probe_timeout``, or that goes unanswered while a probe
+(a ``zqsync.ping`` on a new connection, bounded by ``probe_timeout``) finds no connection, marks
+the worker down; it is probed again ``probe_backoff`` seconds later, the wait doubling up to
+``probe_backoff_max``, and is up again once a probe is answered. All three are more than 0.
 """
 
 from __future__ import annotations
@@ -54,6 +62,9 @@ HWM = 1000
 MAX_SOCKETS = 4096
 HEARTBEAT = 1.0
 CONNECT_TIMEOUT = 2.0
+PROBE_TIMEOUT = 0.5
+PROBE_BACKOFF = 0.5
+PROBE_BACKOFF_MAX = 5.0
 
 #: Longest duration any setting accepts, seconds (libzmq takes milliseconds as a C int).
 MAX_SECONDS = 1_000_000.0
@@ -138,6 +149,9 @@ class ClientSettings:
     max_sockets: int = MAX_SOCKETS
     heartbeat: float = HEARTBEAT
     connect_timeout: float = CONNECT_TIMEOUT
+    probe_timeout: float = PROBE_TIMEOUT
+    probe_backoff: float = PROBE_BACKOFF
+    probe_backoff_max: float = PROBE_BACKOFF_MAX
 
     _ENV = {
         "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
@@ -153,6 +167,9 @@ class ClientSettings:
         "max_sockets": ("ZQSYNC_MAX_SOCKETS", lambda n, v: _positive_int(n, v, 1)),
         "heartbeat": ("ZQSYNC_HEARTBEAT", _seconds),
         "connect_timeout": ("ZQSYNC_CONNECT_TIMEOUT", _seconds),
+        "probe_timeout": ("ZQSYNC_PROBE_TIMEOUT", _deadline),
+        "probe_backoff": ("ZQSYNC_PROBE_BACKOFF", _deadline),
+        "probe_backoff_max": ("ZQSYNC_PROBE_BACKOFF_MAX", _deadline),
     }
 
     @classmethod
