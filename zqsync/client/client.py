@@ -483,10 +483,8 @@ class Client:
         send_within: Optional[float] = None,
     ) -> envelope.Reply:
         send_for = max(0.0, deadline - time.monotonic())
-        if send_within is None and not transport.send(sock, frame, send_for):
-            raise CallTimeout(task, timeout, list(self.endpoints))
-        if send_within is not None and not transport.send(sock, frame, min(send_for, send_within)):
-            raise health.Unsent(task, timeout, list(self.endpoints))
+        if not transport.send(sock, frame, send_for if send_within is None else min(send_for, send_within)):
+            raise (CallTimeout if send_within is None else health.Unsent)(task, timeout, list(self.endpoints))
         while True:
             data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
             if data is None:
