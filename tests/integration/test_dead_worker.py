@@ -230,3 +230,34 @@ def test_calls_and_plain_jobs_keep_routing_around_a_dead_worker(three, tmp_path)
             client.enqueue("mark", line)
     assert set(answers) == {"w1", "w2"}, answers
     assert_each_ran_once(tmp_path, workers, lines, where={"w1", "w2"})
+
+
+@pytest.mark.timeout(120)
+def test_a_child_forked_while_a_probe_is_in_flight_finds_the_dead_worker_itself_and_never_waits_long(
+        zq_worker, tmp_path, monkeypatch):
+    """The parent's client keeps probing a hung host (each probe waits out ``probe_timeout``); a child
+    forked meanwhile has no probe of its own in flight and holds every worker up: its first job that
+    prefers the hung host finds it within ``probe_timeout``, and no job waits longer."""
+    from zqsync.testing import run_in_fork
+
+    monkeypatch.setenv("ZQSYNC_PROBE_BACKOFF", "0.05")
+    monkeypatch.setenv("ZQSYNC_PROBE_BACKOFF_MAX", "0.05")
+    hung = HungHost()
+    try:
+        live = [start_worker(zq_worker, tmp_path, name) for name in ("w1", "w2")]
+        endpoints = [hung.endpoint, *(worker.endpoint for worker in live)]
+        ids = iter(ids_preferring(hung.endpoint, endpoints, 200, "job"))
+        with zqsync.Client(endpoints, confirm_timeout=30) as client:
+            parent = [confirm_timed(client, next(ids)) for _ in range(20)]
+            # Probes start when a job that prefers the hung host is routed and one is due.
+            wait_for(lambda: parent.append(confirm_timed(client, next(ids))) or hung.accepted >= 3,
+                     what="the parent's probes of the hung host")
+            child_ids = [next(ids) for _ in range(20)]
+            parent.append(confirm_timed(client, next(ids)))  # starts a probe, if one is due, just before the fork
+            child = run_in_fork(lambda: [confirm_timed(client, job_id) for job_id in child_ids], timeout=60)
+            parent += [confirm_timed(client, next(ids)) for _ in range(20)]
+    finally:
+        hung.close()
+    print(f"parent max {max(parent):.3f} s, child first {child[0]:.3f} s, child max {max(child):.3f} s")
+    assert max(child) <= slack(1.0) and max(parent) <= slack(1.0), (child, parent)
+    assert_each_ran_once(tmp_path, ["w1", "w2"], child_ids)
