@@ -23,6 +23,9 @@ environment variable       field                    unit         default
 ``ZQSYNC_CONNECT_TIMEOUT`` connect_timeout (0: OS)  seconds      2.0
 ``ZQSYNC_RESOLVER``        resolver ("": system's)  HOST[:PORT]  ""
 ``ZQSYNC_RESOLVE_INTERVAL`` resolve_interval        seconds      10.0
+``ZQSYNC_PROBE_TIMEOUT``   probe_timeout            seconds      0.5
+``ZQSYNC_PROBE_BACKOFF``   probe_backoff            seconds      0.5
+``ZQSYNC_PROBE_BACKOFF_MAX`` probe_backoff_max      seconds      5.0
 ========================== ======================== ============ ===========
 
 Durations are finite, at most :data:`MAX_SECONDS`; ``call_timeout`` and
@@ -32,6 +35,11 @@ call (DEALER) sockets and TCP keepalive on job (send-only DEALER) sockets (``poo
 ``resolver`` and ``resolve_interval`` (more than 0) apply to endpoints that name hosts
 (``client/discovery.py``): the nameserver asked instead of the system's resolver, and the seconds
 between two look-ups of a name (a shorter TTL in the answer wins).
+The ``probe_*`` settings find a dead worker among several (``client/health.py``): a confirm
+attempt that no connection takes within ``probe_timeout``, or that goes unanswered while a probe
+(a ``zqsync.ping`` on a new connection, bounded by ``probe_timeout``) finds no connection, marks
+the worker down; it is probed again ``probe_backoff`` seconds later, the wait doubling up to
+``probe_backoff_max``, and is up again once a probe is answered. All three are more than 0.
 """
 
 from __future__ import annotations
@@ -61,6 +69,9 @@ HEARTBEAT = 1.0
 CONNECT_TIMEOUT = 2.0
 RESOLVER = ""
 RESOLVE_INTERVAL = 10.0
+PROBE_TIMEOUT = 0.5
+PROBE_BACKOFF = 0.5
+PROBE_BACKOFF_MAX = 5.0
 
 #: Longest duration any setting accepts, seconds (libzmq takes milliseconds as a C int).
 MAX_SECONDS = 1_000_000.0
@@ -172,6 +183,9 @@ class ClientSettings:
     connect_timeout: float = CONNECT_TIMEOUT
     resolver: str = RESOLVER
     resolve_interval: float = RESOLVE_INTERVAL
+    probe_timeout: float = PROBE_TIMEOUT
+    probe_backoff: float = PROBE_BACKOFF
+    probe_backoff_max: float = PROBE_BACKOFF_MAX
 
     _ENV = {
         "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
@@ -189,6 +203,9 @@ class ClientSettings:
         "connect_timeout": ("ZQSYNC_CONNECT_TIMEOUT", _seconds),
         "resolver": ("ZQSYNC_RESOLVER", _resolver),
         "resolve_interval": ("ZQSYNC_RESOLVE_INTERVAL", _deadline),
+        "probe_timeout": ("ZQSYNC_PROBE_TIMEOUT", _deadline),
+        "probe_backoff": ("ZQSYNC_PROBE_BACKOFF", _deadline),
+        "probe_backoff_max": ("ZQSYNC_PROBE_BACKOFF_MAX", _deadline),
     }
 
     @classmethod

@@ -9,6 +9,7 @@ through ``*_with_options`` (dramatiq's ``send`` / ``send_with_options``).
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import sys
@@ -36,12 +37,12 @@ from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
-from . import discovery, express, notices, transport
+from . import discovery, express, health, notices, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import Job, JobStatus
 from .pool import SocketPool
-from .rendezvous import FAILOVER_ATTEMPTS, Down, Route, rank
+from .rendezvous import FAILOVER_ATTEMPTS, Route, rank
 from .routes import Routes
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ class Client:
         ``confirm_retry``, ``lease_timeout``, ``linger``, ``wait_before_drop``
         (seconds), ``congestion`` (``CongestionControl`` or ``"block"``/``"drop"``),
         ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``,
-        ``resolver`` (a nameserver ``"HOST[:PORT]"``; ``""``: the system's), ``resolve_interval``.
+        ``resolver`` (a nameserver ``"HOST[:PORT]"``; ``""``: the system's), ``resolve_interval``,
+        ``probe_timeout``, ``probe_backoff``, ``probe_backoff_max`` (seconds: how a
+        dead worker among several is found and probed, ``zqsync/client/health.py``).
     :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
@@ -123,12 +126,15 @@ class Client:
         self._discovery = discovery.discovery_for(names, self.settings)
         self._base: tuple[str, ...] = () if self._discovery else own
         self._use(self._base)
-        self._down = Down()
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
         self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options, send_only=True)
         self._avoided = notices.Avoided()
         self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options)
+        self._health = health.Health(
+            functools.partial(health.ping, self._dealer, timeout=self.settings.probe_timeout),
+            backoff=self.settings.probe_backoff, backoff_max=self.settings.probe_backoff_max,
+            probe_timeout=self.settings.probe_timeout)
         self._counts = dict.fromkeys(
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0
         )
@@ -231,8 +237,12 @@ class Client:
             with the same job id (workers drop duplicates) until
             ``confirm_timeout``. With several workers, every attempt goes to
             the job id's preferred worker (rendezvous hashing), and to the
-            next one only after ``5 * confirm_retry`` seconds without an answer
-            (``zqsync/client/rendezvous.py``). Congestion control does not apply.
+            next one only when that one cannot be reached (no connection takes
+            the attempt within ``probe_timeout``, or a probe after an unanswered
+            attempt finds none) or after ``5 * confirm_retry`` seconds without an
+            answer; a worker found unreachable is skipped until a probe, repeated
+            with backoff, is answered (``zqsync/client/rendezvous.py``,
+            ``health.py``). Congestion control does not apply.
         :param congestion: overrides the client's congestion control for this job.
         :param send_timeout: overrides this job's deadline, seconds: BLOCK's
             send deadline, or with ``confirm=True`` the confirm deadline.
@@ -329,22 +339,24 @@ class Client:
             self._avoided.add(named)
 
     def _confirm(self, frame: bytes, job_id: str, task: str, total: float) -> None:
-        """Send to the job's preferred worker, and retry there; fail over only past a bound (``rendezvous.py``)."""
+        """Send to the job's preferred worker, and retry there; fail over only when it did not confirm and
+        cannot be reached, or past a bound (``rendezvous.py``)."""
         deadline = time.monotonic() + total
         reason = ""
         if self._discovery is not None:
             self._rediscover()
-        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry, self._down)
+        route = Route(job_id, self._rpc_endpoints, FAILOVER_ATTEMPTS * self.settings.confirm_retry, self._health)
+        send_within = self.settings.probe_timeout if len(self._rpc_endpoints) > 1 else None
         while True:
             attempt = min(self.settings.confirm_retry, deadline - time.monotonic())
             if attempt <= 0:
                 raise Unconfirmed(job_id, total, reason)
             try:
-                reply = self._request(frame, job_id, task, attempt, address=route.endpoint)
+                reply = self._request(frame, job_id, task, attempt, address=route.endpoint, send_within=send_within)
             except (CallTimeout, PoolError) as exc:
                 reason = f"{route.endpoint}: {exc}"
                 self._counts["confirm_retries"] += 1
-                route.unanswered()
+                route.unanswered(sent=not isinstance(exc, health.Unsent))
                 continue
             if not reply.ok:
                 raise _remote_error(reply)
@@ -515,22 +527,32 @@ class Client:
         return split_endpoint(endpoint)[1]
 
     def _request(
-        self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None
+        self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None,
+        send_within: Optional[float] = None,
     ) -> envelope.Reply:
         """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
-        ``timeout`` seconds in all."""
+        ``timeout`` seconds in all, and within ``send_within`` for the send if given.
+
+        :raises health.Unsent: (a :class:`CallTimeout`) no connection took the request within
+            ``send_within`` (a wait for the lease that left less than that raises a plain ``CallTimeout``:
+            it says nothing about the worker).
+        """
         deadline = time.monotonic() + timeout
         if self._discovery is not None:
             self._rediscover()
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
         with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
-            return self._round_trip(sock, frame, request_id, task, timeout, deadline)
+            if send_within is not None and deadline - time.monotonic() < min(send_within, timeout) - 0.001:
+                send_within = None
+            return self._round_trip(sock, frame, request_id, task, timeout, deadline, send_within)
 
     def _round_trip(
-        self, sock: zmq.Socket, frame: bytes, request_id: str, task: str, timeout: float, deadline: float
+        self, sock: zmq.Socket, frame: bytes, request_id: str, task: str, timeout: float, deadline: float,
+        send_within: Optional[float] = None,
     ) -> envelope.Reply:
-        if not transport.send(sock, frame, max(0.0, deadline - time.monotonic())):
-            raise CallTimeout(task, timeout, list(self.endpoints))
+        send_for = max(0.0, deadline - time.monotonic())
+        if not transport.send(sock, frame, send_for if send_within is None else min(send_for, send_within)):
+            raise (CallTimeout if send_within is None else health.Unsent)(task, timeout, list(self.endpoints))
         while True:
             data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
             if data is None:
@@ -548,12 +570,15 @@ class Client:
         :returns: ``{"enqueued", "dropped", "confirmed", "confirm_retries", "calls",
             "call_errors", "call_timeouts"}``
             as ints, ``"endpoints"``: the workers' base endpoints in use now (a DNS name's
-            addresses as last resolved, ``discovery.py``), plus ``"push"`` and ``"dealer"``: each pool's
+            addresses as last resolved, ``discovery.py``), ``"down"``: those held down now
+            (``health.py``: confirmed jobs skip them until a probe is answered), plus ``"push"`` and
+            ``"dealer"``: each pool's
             :meth:`SocketPool.stats`; with routes, ``"routes"``:
             ``{"ENDPOINT, ...": that route's stats}``.
         """
         result: dict[str, Any] = dict(self._counts)
         result["endpoints"] = list(self.endpoints)
+        result["down"] = [_base_of(rpc) for rpc in self._health.endpoints_down() if rpc in self._rpc_endpoints]
         result["push"] = self._push.stats()
         result["dealer"] = self._dealer.stats()
         if self._routed:

@@ -224,7 +224,7 @@ class SocketPool:
 
     # -- leasing -----------------------------------------------------------
 
-    def lease(self, address: Address, *, timeout: Optional[float] = None) -> "Lease":
+    def lease(self, address: Address, *, timeout: Optional[float] = None, fresh: bool = False) -> "Lease":
         """Lease a connected socket for exclusive use in a ``with`` block.
 
         :param address: an endpoint such as ``"tcp://127.0.0.1:5556"``, or a
@@ -233,6 +233,8 @@ class SocketPool:
         :param timeout: seconds to wait for a free slot when ``pool_size``
             sockets to this address are already leased by this owner.
             Default: the pool's ``lease_timeout``.
+        :param fresh: open a new socket even if one is idle (a probe's new connection, ``health.py``);
+            it takes a permit like any other and is parked or discarded the same way.
         :returns: a context manager yielding the socket. On a clean exit the
             socket returns to the pool. On an exception (which propagates) a
             DEALER is closed with ``linger=0``; a PUSH is parked unless the
@@ -252,7 +254,8 @@ class SocketPool:
         key = (owner.key, address)
         permits = self._permits.get(key) or self._register(key, owner, address)
         self._acquire(permits, address, self.lease_timeout if timeout is None else timeout)
-        return Lease(self, key, permits, holder, self._take_socket(key, permits, owner, address, holder), self._pid)
+        sock = self._take_socket(key, permits, owner, address, holder, fresh)
+        return Lease(self, key, permits, holder, sock, self._pid)
 
     def _check_can_lease(self, pid: int) -> Any:
         """The calling greenlet (or thread), after the fork check (rule 9) and the nested-lease check (rule 7).
@@ -271,11 +274,13 @@ class SocketPool:
             )
         return holder
 
-    def _take_socket(self, key: tuple, permits: Any, owner: Owner, address: Address, holder: Any) -> zmq.Socket:
-        """An idle socket of the bucket, or a new one, now leased by ``holder``; the permit is given back on failure."""
+    def _take_socket(self, key: tuple, permits: Any, owner: Owner, address: Address, holder: Any,
+                     fresh: bool) -> zmq.Socket:
+        """An idle socket of the bucket (unless ``fresh``), or a new one, now leased by ``holder``; the permit
+        is given back on failure."""
         _holders[holder] = self
         try:
-            return self._checkout(key, holder) or self._open(address, owner, holder)
+            return (None if fresh else self._checkout(key, holder)) or self._open(address, owner, holder)
         except BaseException:
             _holders.pop(holder, None)
             permits.release()
@@ -556,6 +561,8 @@ class SocketPool:
         With ``linger=0``, or with sockets still leased (closed when their
         lease ends, without waiting), nothing is counted.
 
+        Sockets still leased are closed when their lease ends, and the context once the last one has.
+
         Idempotent.
         """
         if self._pid != os.getpid():
@@ -584,6 +591,16 @@ class SocketPool:
                 "left unsent and dropped (worker stalled, stopped or unreachable; raise linger= to wait longer)",
                 linger_ms / 1000, queued_at_most,
             )
+
+    def _term_if_closed(self) -> None:
+        """After a lease ends: terminate the context that :meth:`close` left to the last lease in flight."""
+        if not self._closed:
+            return
+        with self._lock:
+            if self._in_flight or self._context is None or self._pid != os.getpid():
+                return
+            context, self._context = self._context, None
+        context.term()
 
     def _queued_at_most(self, sock: zmq.Socket, address: Address) -> int:
         """An upper bound on the messages libzmq may still queue for ``sock``. Caller holds the lock."""
@@ -639,3 +656,4 @@ class Lease:
                 self._pool._discard(self.socket, self._pid)
         finally:
             self._permits.release()
+            self._pool._term_if_closed()
