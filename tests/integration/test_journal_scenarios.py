@@ -370,7 +370,9 @@ def test_a_full_disk_refuses_confirms_at_once_and_outcomes_are_kept_until_writte
         # may call it writable (an empty transaction succeeds on a full disk; the next write then fails).
         wait_for(lambda: _refused(client, tmp_path / "elsewhere.txt")
                  and worker.output().count("journal write failed") >= 5, what="writes and probes to fail")
-    assert "written again" not in worker.output(), "nothing was written while the disk was full"
+    # Old code: a WARNING "can be written again" after every failure. A write can really succeed on a
+    # full disk (SQLite reuses the WAL file's space after a checkpoint), so one is tolerated.
+    assert worker.output().count("written again") <= 1, worker.output()
     gate.touch()  # the jobs finish while their outcomes cannot be written
     wait_for(lambda: len(count_lines(out)) == 20, what="the jobs to run")
     wait_for(lambda: "; 20 outcome(s) kept to retry" in worker.output(), what="the outcomes' write to fail")
