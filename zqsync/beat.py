@@ -141,26 +141,32 @@ class Beat:
             if wait > 0:
                 self.wait(wait)
                 continue
-            self._send(self.schedules[index], due[index])
-            due[index] = self._following(self.schedules[index], due[index])
+            periodic = self.schedules[index]
+            tick, due[index] = self._catch_up(periodic, due[index])
+            if tick is not None:
+                self._send(periodic, tick)
 
     def stop(self) -> None:
         """Make :meth:`run` return (safe from a signal handler or another thread)."""
         self.stopping.set()
 
-    def _following(self, periodic: Periodic, sent: float) -> float:
-        """The tick after ``sent``. If that is past already (the beat was late), the past ticks are
-        skipped (counted and logged), all of them or, with ``catch_up="latest"``, all but the latest."""
-        following, now = periodic.next_after(sent), self.clock()
-        if following > now:
-            return following
-        latest = periodic.latest_at(now)
-        keep = latest if periodic.catch_up == "latest" else periodic.next_after(now)
-        skipped = _ticks(periodic, following, latest) - (keep == latest)
+    def _catch_up(self, periodic: Periodic, due: float) -> tuple[Optional[float], float]:
+        """The tick to send now for ``due`` (or ``None``) and the next one to wait for.
+
+        On time (no later tick has passed yet), ``due`` itself. Late (a send blocked, the clock
+        jumped, the process was stopped), the ticks from ``due`` to the latest passed one are
+        skipped, counted and logged, all of them or, with ``catch_up="latest"``, all but the latest,
+        which is sent once: no tick older than one period is ever sent."""
+        latest = periodic.latest_at(self.clock())
+        if latest <= due:
+            return due, periodic.next_after(due)
+        send = latest if periodic.catch_up == "latest" else None
+        skipped = _ticks(periodic, due, latest) - (send is not None)
         if skipped:
             self.counters["ticks_skipped"] += skipped
-            log.warning("task %r: skipped %d tick(s) that passed while the beat was late", periodic.task, skipped)
-        return keep
+            log.warning("task %r: skipped %d tick(s) that passed while the beat was late (%s to %s, catch_up=%r)",
+                        periodic.task, skipped, _iso(due), _iso(latest), periodic.catch_up)
+        return send, periodic.next_after(latest)
 
     def _send(self, periodic: Periodic, tick: float) -> None:
         job_id = periodic.job_id(tick)
@@ -168,11 +174,14 @@ class Beat:
             self.enqueue(periodic.task, periodic.args, periodic.kwargs, job_id)
         except ZqsyncError as exc:
             self.counters["ticks_failed"] += 1
-            log.error("task %r, tick %s (job %s) not confirmed: %s", periodic.task,
-                      datetime.fromtimestamp(tick, timezone.utc).isoformat(), job_id, exc)
+            log.error("task %r, tick %s (job %s) not confirmed: %s", periodic.task, _iso(tick), job_id, exc)
             return
         self.counters["ticks_sent"] += 1
         log.debug("task %r, tick %s sent as job %s", periodic.task, tick, job_id)
+
+
+def _iso(tick: float) -> str:
+    return datetime.fromtimestamp(tick, timezone.utc).isoformat()
 
 
 def _ticks(periodic: Periodic, first: float, last: float, limit: int = 100_000) -> int:

@@ -97,3 +97,34 @@ def test_a_tick_that_is_not_confirmed_is_counted_and_the_beat_goes_on():
 def test_a_beat_without_periodic_tasks_is_refused():
     with pytest.raises(ConfigurationError, match="no periodic tasks"):
         Beat([], lambda *args: None)
+
+
+@pytest.mark.parametrize("jump", [3600.0, -3600.0])
+@pytest.mark.parametrize("catch_up", ["skip", "latest"])
+def test_a_clock_that_jumps_during_a_wait_sends_no_stale_tick(catch_up, jump):
+    periodic = Periodic.build("t", every=300, catch_up=catch_up)  # every 5 minutes, like cron "*/5 * * * *"
+    ten_ten = 10 * 3600 + 10 * 60  # 10:10 on the epoch's first day
+    sent, clock, jumped = [], FakeClock(ten_ten - 180.0), []
+
+    def enqueue(task, args, kwargs, job_id):
+        sent.append((job_id, clock.now, bool(jumped)))
+
+    def wait(seconds):
+        clock.now += seconds
+        if not jumped:
+            jumped.append(True)
+            clock.now += jump  # NTP, a suspended VM, an operator: the wall clock moves during the wait
+        if sum(after for _, _, after in sent) >= 2:
+            beat.stop()
+
+    beat = Beat([periodic], enqueue, clock=clock, wait=wait)
+    beat.run()
+    ticks = {periodic.job_id(ten_ten + 300 * n): ten_ten + 300 * n for n in range(-20, 20)}
+    for job_id, at, _ in sent:
+        assert 0 <= at - ticks[job_id] < 300, f"a tick sent {at - ticks[job_id]:.0f} s after it was due"
+    first_after = next(ticks[job_id] for job_id, _, after in sent if after)
+    if jump > 0:  # 10:10 .. 11:10 passed during the wait: all skipped, or all but 11:10, sent once
+        assert first_after == ten_ten + (3600 if catch_up == "latest" else 3900)
+        assert beat.counters["ticks_skipped"] == (12 if catch_up == "latest" else 13)
+    else:  # back an hour: 10:10 is sent once the clock reaches it again
+        assert first_after == ten_ten and beat.counters["ticks_skipped"] == 0
