@@ -416,6 +416,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.reload:
         return run_with_reload(args, args.argv)
+    from . import fdlimit
+
+    fdlimit.raise_soft_limit()  # every connection costs a descriptor; a supervisor's children inherit it
     if args.processes:
         if args.queues:
             raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
@@ -650,6 +653,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"  {group:10} " + "  ".join(f"{key} {value}" for key, value in fields.items()))
     print(f"  {'other':10} in_flight {stats['in_flight']}  dropped: malformed {stats['malformed']}  "
           f"unknown_task {stats['unknown_task']}  timed_out {stats['timed_out']}")
+    _print_fds(stats)
     for task, summary in sorted(stats["durations"].items()):
         print(f"  duration {task:20} n={summary['count']:<6} p50 {summary['p50'] * 1e3:.2f} ms  "
               f"p90 {summary['p90'] * 1e3:.2f} ms  p99 {summary['p99'] * 1e3:.2f} ms")
@@ -709,6 +713,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
           metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
     return 0
+
+
+def _print_fds(stats: dict[str, Any]) -> None:
+    nofile = stats.get("nofile") or {}
+    if nofile:  # a worker of an older release says nothing of its descriptors
+        print(f"  {'fds':10} nofile soft {nofile['soft']} hard {nofile['hard']}  "
+              f"accept_failed_fds {stats.get('accept_failed_fds', 0)}")
 
 
 def _print_header(stats: dict[str, Any]) -> None:

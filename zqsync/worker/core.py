@@ -18,7 +18,7 @@ import gevent
 import gevent.pool
 import zmq
 
-from .. import _common
+from .. import _common, fdlimit
 from ..logs import RateLimitedLog
 from ..settings import WorkerSettings
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
@@ -147,7 +147,10 @@ class Core:
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
             when the worker binds its own sockets, ``connections_jobs`` /
             ``connections_rpc`` and ``disconnections_jobs`` /
-            ``disconnections_rpc``: TCP connections accepted and lost since start;
+            ``disconnections_rpc``: TCP connections accepted and lost since start, and
+            ``accept_failed_fds``: accepts that failed for want of file descriptors (about one a
+            second while they fail: ``fdlimit.watch``); ``nofile``: this process's
+            ``RLIMIT_NOFILE`` ``{"soft", "hard"}`` (``-1``: unlimited);
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
@@ -178,6 +181,7 @@ class Core:
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
             **self.intake.connections,
+            "nofile": fdlimit.limits(),
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],
             "queues": {queue.name: queue.stats() for queue in self.queues},

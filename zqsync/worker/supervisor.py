@@ -62,7 +62,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from .. import _common, settings
+from .. import _common, fdlimit, settings
 from ..errors import ConfigurationError
 from .auth import curve_state, start_thread_authenticator
 from .binding import bind_pair
@@ -147,6 +147,8 @@ class Supervisor:
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
         self._dispatch: Optional[Dispatcher] = None
+        self._accepts: Optional[fdlimit.Watchers] = None
+        self._accept_failures = 0  # as last written to the supervisor file
         self._reloads = 0
         self._spawned = 0
         self._unclean_stops = 0  # children that exited non-zero during the stop, or were SIGKILLed
@@ -163,6 +165,7 @@ class Supervisor:
         self._jobs_endpoint = jobs_front.getsockopt_string(zmq.LAST_ENDPOINT)
         for sock in (jobs_front, rpc_front):
             sock.setsockopt(zmq.LINGER, 1000)
+        self._accepts = fdlimit.Watchers([jobs_front, rpc_front])
         self._dispatch = Dispatcher(context, self._dir, jobs_front, rpc_front)
         self._dispatch.start()
 
@@ -171,6 +174,8 @@ class Supervisor:
             self._dispatch.stop()
         if self._authenticator is not None:
             self._authenticator.stop()
+        if self._accepts is not None:
+            self._accepts.stop()
         if self._context is not None:
             self._context.destroy(linger=1000)
 
@@ -205,9 +210,19 @@ class Supervisor:
         return child
 
     def _write_supervisor_file(self) -> None:
+        """Write what the children put in ``zqsync.stats``; a process out of descriptors tries again in
+        its next turn of the loop (``_loop``: the accept failures changed)."""
         lost = self._dispatch.jobs_lost if self._dispatch is not None else 0
-        write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started, "processes": self.processes,
-                                          "restarts": self.restarts, "jobs_lost_in_children": lost})
+        failures = self._accepts.failures() if self._accepts is not None else 0
+        try:
+            write_supervisor_file(self._dir, {
+                "pid": os.getpid(), "started": self._started, "processes": self.processes, "restarts": self.restarts,
+                "jobs_lost_in_children": lost, "accept_failed_fds": failures, "nofile": fdlimit.limits()})
+        except OSError as exc:
+            if exc.errno not in fdlimit.FD_ERRNOS:
+                raise
+            return
+        self._accept_failures = failures
 
     def _reap(self) -> Optional[int]:
         """Collect exited children; restart or halt. Returns an exit status to halt with, or ``None``."""
@@ -371,6 +386,8 @@ class Supervisor:
                     del self._restart_at[slot]
                     self.restarts += 1
                     self._spawn(slot)
+            if self._accepts is not None and self._accepts.failures() != self._accept_failures:
+                self._write_supervisor_file()
             if not announced and len(self.children) >= self.processes and all(c.booted for c in self.children.values()):
                 announced = True
                 self._write_ready_file()
