@@ -94,6 +94,7 @@ CLIENT = textwrap.dedent("""
     import zqsync
 
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    endpoint, spare, timeout, operation = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 
     def fill(spare):
         # Take every free fd, then give back `spare` of them.
@@ -107,22 +108,25 @@ CLIENT = textwrap.dedent("""
         for fd in taken[:spare]:
             os.close(fd)
 
-    client = zqsync.Client(sys.argv[1], call_timeout=float(sys.argv[3]))
-    assert client.call("add", 1, 2) == 3  # the rpc pool's context and its I/O thread exist
-    fill(int(sys.argv[2]))
-    errors = []
-    # Another thread needs a socket of its own: a new one, in a process out of fds.
-    caller = threading.Thread(target=lambda: errors.append(_call(client)))
-
-    def _call(client):
+    def run(client):
         try:
-            client.call("add", 1, 2)
+            if operation == "call":
+                client.call("add", 1, 2)
+            else:
+                client.enqueue_with_options("add", args=(1, 2), congestion="drop")
         except zqsync.ZqsyncError as exc:
             return type(exc).__name__
         return None
 
-    caller.start()
-    caller.join()
+    client = zqsync.Client(endpoint, call_timeout=timeout)
+    assert client.call("add", 1, 2) == 3  # both pools' contexts and I/O threads exist
+    client.enqueue("add", 1, 2)
+    fill(spare)
+    errors = []
+    # Another thread needs sockets of its own: new ones, in a process out of fds.
+    worker = threading.Thread(target=lambda: errors.append(run(client)))
+    worker.start()
+    worker.join()
     print(json.dumps({"error": errors[0], "stats": client.stats()}), flush=True)
     os._exit(0)
 """)
@@ -130,18 +134,21 @@ CLIENT = textwrap.dedent("""
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("spare", [0, 1], ids=["no-fd-for-the-socket", "no-fd-for-the-connection"])
-def test_a_client_out_of_fds_logs_an_error_with_the_limit_and_counts_it(zq_worker, tmp_path, spare):
+@pytest.mark.parametrize(("operation", "pool", "errors"), [("call", "dealer", ("PoolError", "CallTimeout")),
+                                                           ("drop", "push", ("PoolError", None))])
+def test_a_client_out_of_fds_logs_an_error_with_the_limit_and_counts_it(zq_worker, tmp_path, spare, operation,
+                                                                        pool, errors):
     worker = zq_worker()
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
     limits = (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-    done = subprocess.run([sys.executable, str(script), worker.endpoint, str(spare), str(slack(1.0))],
+    done = subprocess.run([sys.executable, str(script), worker.endpoint, str(spare), str(slack(1.0)), operation],
                           capture_output=True, text=True, timeout=slack(60),
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limits),
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["error"] in ("PoolError", "CallTimeout"), result
-    assert result["stats"]["dealer"]["fd_exhausted"] >= 1, result
-    errors = [line for line in done.stderr.splitlines() if "ERROR" in line and "RLIMIT_NOFILE" in line]
-    assert errors and "soft 256" in errors[0], done.stderr
+    assert result["error"] in errors, result
+    assert result["stats"][pool]["fd_exhausted"] >= 1, result
+    lines = [line for line in done.stderr.splitlines() if "ERROR" in line and "RLIMIT_NOFILE" in line]
+    assert lines and "soft 256" in lines[0], done.stderr

@@ -89,6 +89,8 @@ SEND_ONLY = frozenset({zmq.PUSH, zmq.PUB})
 KEEPALIVE_PROBES = 3
 #: Seconds between two searches for owners that ended (rule 8).
 SWEEP_INTERVAL = 1.0
+#: Seconds between two probes of :meth:`SocketPool.check_fds`.
+FD_CHECK_INTERVAL = 1.0
 
 #: greenlet -> pool, for every lease in progress (nested-lease detection).
 _holders: dict[Any, "SocketPool"] = {}
@@ -151,6 +153,7 @@ class SocketPool:
             0,
         )
         self._stats_wait_seconds = 0.0
+        self._fds_checked = -FD_CHECK_INTERVAL  # when check_fds last probed (monotonic seconds)
         self._reset_state(os.getpid())
         self._check_budget(peers)
         lifecycle.track(self, on_fork=_holders.clear)
@@ -353,8 +356,13 @@ class SocketPool:
         return sock
 
     def check_fds(self) -> None:
-        """A request failed (off the fast path): if this process is out of descriptors now, the likely
-        cause (libzmq retries a connect whose ``socket()`` failed and says nothing), count and log it."""
+        """A request failed or a job was dropped: if this process is out of descriptors now, the likely
+        cause (libzmq retries a connect whose ``socket()`` failed and says nothing), count and log it.
+        Probes at most once per ``FD_CHECK_INTERVAL`` seconds (a drop can be a fast path of its own)."""
+        now = time.monotonic()
+        if now - self._fds_checked < FD_CHECK_INTERVAL:
+            return
+        self._fds_checked = now
         code = fdlimit.out_of_fds()
         if code is not None:
             self._out_of_fds(code)
