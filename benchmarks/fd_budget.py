@@ -141,7 +141,7 @@ def client_sockets(workers: int, pool_size: int) -> None:
     print(f"one gevent client process, {workers} workers, pool size {pool_size}: sockets open push "
           f"{result['push_open']} dealer {result['dealer_open']}; descriptors {result['fds']} "
           f"({result['fds'] - int(bare.stdout)} above the bare interpreter's {bare.stdout.strip()}; "
-          f"the formula's sockets and connections: {expected_fds}, plus 2 contexts' own)")
+          f"the formula's most for sockets and connections: {expected_fds}, plus about 12 of the contexts and hub)")
     print(f"  connections accepted per worker (jobs, rpc): {per_worker}; the formula's most: "
           f"({pool_size}, {2 * pool_size})")
 
