@@ -719,7 +719,7 @@ def _print_fds(stats: dict[str, Any]) -> None:
     nofile = stats.get("nofile") or {}
     if nofile:  # a worker of an older release says nothing of its descriptors
         print(f"  {'fds':10} nofile soft {nofile['soft']} hard {nofile['hard']}  "
-              f"accept_failed_fds {stats.get('accept_failed_fds', 0)}")
+              f"fd_exhausted {stats.get('fd_exhausted', 0)}")
 
 
 def _print_header(stats: dict[str, Any]) -> None:

@@ -76,6 +76,7 @@ class Core:
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.started_at = time.time()
+        self.fds = fdlimit.Check(f"zqsync worker pid {os.getpid()}")  # looked at by server.run's greenlet
         self._slots = gevent.pool.Pool(self.concurrency)
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
@@ -147,9 +148,9 @@ class Core:
             seen on rpc}``, ``identities`` (distinct rpc identities, as str),
             when the worker binds its own sockets, ``connections_jobs`` /
             ``connections_rpc`` and ``disconnections_jobs`` /
-            ``disconnections_rpc``: TCP connections accepted and lost since start, and
-            ``accept_failed_fds``: accepts that failed for want of file descriptors (about one a
-            second while they fail: ``fdlimit.watch``); ``nofile``: this process's
+            ``disconnections_rpc``: TCP connections accepted and lost since start;
+            ``fd_exhausted``: the looks, one a second, that found this process out of file
+            descriptors (``fdlimit.Check``; clients cannot connect meanwhile); ``nofile``: its
             ``RLIMIT_NOFILE`` ``{"soft", "hard"}`` (``-1``: unlimited);
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
@@ -181,6 +182,7 @@ class Core:
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
             **self.intake.connections,
+            "fd_exhausted": self.fds.count,
             "nofile": fdlimit.limits(),
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],

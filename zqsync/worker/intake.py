@@ -31,8 +31,8 @@ import gevent
 import gevent.event
 import gevent.pool
 import zmq
+import zmq.utils.monitor
 
-from .. import fdlimit
 from ..errors import ConfigurationError
 from ..settings import WorkerSettings
 from . import fleet
@@ -141,19 +141,28 @@ class StandaloneIntake(Intake):
         return f"on {self.endpoint} (rpc on port +1), {curve_state(self._authenticator)}"
 
     def _watch_connections(self, sock: zmq.Socket, name: str) -> None:
-        """Count TCP connections accepted and lost per socket (the peer-side view of client socket reuse,
-        few connections, and discard, a disconnection), and log and count accepts that fail for want
-        of file descriptors (``fdlimit.py``)."""
-        monitor = sock.get_monitor_socket(fdlimit.ACCEPT_EVENTS)
+        """Count TCP connections accepted and lost per socket: the peer-side view of client
+        socket reuse (few connections) and discard (a disconnection)."""
+        monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self.sockets.append(monitor)
         self._watched.append(sock)
         keys: dict[int, str] = {
             int(zmq.EVENT_ACCEPTED): f"connections_{name}", int(zmq.EVENT_DISCONNECTED): f"disconnections_{name}",
         }
-        for key in (*keys.values(), fdlimit.ACCEPT_FAILED):
+        for key in keys.values():
             self.connections[key] = 0
-        endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.greenlets.append(gevent.spawn(fdlimit.watch, monitor, self.connections, keys, endpoint, gevent.sleep))
+
+        def watch() -> None:
+            try:
+                while True:
+                    event = zmq.utils.monitor.recv_monitor_message(monitor)
+                    key = keys.get(event["event"])
+                    if key:
+                        self.connections[key] += 1
+            finally:
+                monitor.close(linger=0)
+
+        self.greenlets.append(gevent.spawn(watch))
 
     def read_job(self, reader: Reader) -> Optional[bytes]:
         assert self._peers is not None

@@ -147,8 +147,9 @@ class Supervisor:
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
         self._dispatch: Optional[Dispatcher] = None
-        self._accepts: Optional[fdlimit.Watchers] = None
-        self._accept_failures = 0  # as last written to the supervisor file
+        self._fds = fdlimit.Check(f"zqsync supervisor pid {os.getpid()}")
+        self._fds_written = 0  # self._fds.count as last written to the supervisor file
+        self._fds_looked = time.monotonic()
         self._reloads = 0
         self._spawned = 0
         self._unclean_stops = 0  # children that exited non-zero during the stop, or were SIGKILLed
@@ -165,7 +166,6 @@ class Supervisor:
         self._jobs_endpoint = jobs_front.getsockopt_string(zmq.LAST_ENDPOINT)
         for sock in (jobs_front, rpc_front):
             sock.setsockopt(zmq.LINGER, 1000)
-        self._accepts = fdlimit.Watchers([jobs_front, rpc_front])
         self._dispatch = Dispatcher(context, self._dir, jobs_front, rpc_front)
         self._dispatch.start()
 
@@ -174,8 +174,6 @@ class Supervisor:
             self._dispatch.stop()
         if self._authenticator is not None:
             self._authenticator.stop()
-        if self._accepts is not None:
-            self._accepts.stop()
         if self._context is not None:
             self._context.destroy(linger=1000)
 
@@ -210,19 +208,30 @@ class Supervisor:
         return child
 
     def _write_supervisor_file(self) -> None:
-        """Write what the children put in ``zqsync.stats``; a process out of descriptors tries again in
-        its next turn of the loop (``_loop``: the accept failures changed)."""
+        """Write what the children put in ``zqsync.stats``; out of descriptors, it tries again at the next
+        look (``_look_at_fds``)."""
         lost = self._dispatch.jobs_lost if self._dispatch is not None else 0
-        failures = self._accepts.failures() if self._accepts is not None else 0
+        exhausted = self._fds.count
         try:
             write_supervisor_file(self._dir, {
                 "pid": os.getpid(), "started": self._started, "processes": self.processes, "restarts": self.restarts,
-                "jobs_lost_in_children": lost, "accept_failed_fds": failures, "nofile": fdlimit.limits()})
+                "jobs_lost_in_children": lost, "fd_exhausted": exhausted, "nofile": fdlimit.limits()})
         except OSError as exc:
             if exc.errno not in fdlimit.FD_ERRNOS:
                 raise
             return
-        self._accept_failures = failures
+        self._fds_written = exhausted
+
+    def _look_at_fds(self) -> None:
+        """Once every ``fdlimit.CHECK_INTERVAL`` seconds: is this process out of descriptors (it holds every
+        client connection)? The count reaches the children's stats once the file can be written again."""
+        now = time.monotonic()
+        if now - self._fds_looked < fdlimit.CHECK_INTERVAL:
+            return
+        self._fds_looked = now
+        self._fds.look()
+        if self._fds.count != self._fds_written:
+            self._write_supervisor_file()
 
     def _reap(self) -> Optional[int]:
         """Collect exited children; restart or halt. Returns an exit status to halt with, or ``None``."""
@@ -386,8 +395,7 @@ class Supervisor:
                     del self._restart_at[slot]
                     self.restarts += 1
                     self._spawn(slot)
-            if self._accepts is not None and self._accepts.failures() != self._accept_failures:
-                self._write_supervisor_file()
+            self._look_at_fds()
             if not announced and len(self.children) >= self.processes and all(c.booted for c in self.children.values()):
                 announced = True
                 self._write_ready_file()
