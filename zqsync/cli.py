@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import __version__, settings
+from . import __version__, fdlimit, settings
 from ._worker_cli import (
     add_metrics_options,
     add_reload_option,
@@ -416,9 +416,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.reload:
         return run_with_reload(args, args.argv)
-    from . import fdlimit
-
-    fdlimit.raise_soft_limit()  # every connection costs a descriptor; a supervisor's children inherit it
     if args.processes:
         if args.queues:
             raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
@@ -430,6 +427,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.app)
     worker = Worker(registry, settings=worker_settings(args), ready_file=args.ready_file, parent_pid=args.parent_pid)
+    fdlimit.raise_soft_limit()  # every connection costs a descriptor; once the app loaded, so errors come alone
     serve_metrics(args, worker)
     return worker.serve()
 
@@ -453,6 +451,7 @@ def _run_supervisor(args: argparse.Namespace) -> int:
             prometheus().MetricsSync(worker).start()
         return worker.serve()
 
+    fdlimit.raise_soft_limit()  # the supervisor holds every client connection; its children inherit the limit
     with supervisor_metrics(args) as on_child_exit:
         supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
                                 graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
