@@ -3,6 +3,7 @@
 Run from the repository root::
 
     python benchmarks/fd_budget.py [--connections 2000] [--rounds 3] [--workers 3] [--pool-size 4]
+    python benchmarks/fd_budget.py --shortage
 
 1. **Memory and descriptors per idle connection on a worker.** A fresh ``zqsync worker`` per round
    (standalone, and ``--processes 2``, whose supervisor holds the connections) gets ``--connections`` idle TCP connections
@@ -13,6 +14,9 @@ Run from the repository root::
    workers, with ``ZQSYNC_POOL_SIZE=--pool-size``, runs 50 concurrent greenlets of calls, plain jobs and
    confirmed jobs, so every pool fills; then it reports its own open descriptors and each worker reports
    the connections it accepted, against the formula of docs/operations.md.
+3. **A shortage** (``--shortage``, instead of 1 and 2: issue 23's fault). A worker started under
+   ``RLIMIT_NOFILE`` 64 (soft and hard) and 200 clients, one per thread, each sending a plain job
+   (BLOCK, 2 s) and a call (2 s): what the clients got, the worker's ERROR lines and ``fd_exhausted``.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import zmq
 
+import zqsync
 from zqsync.processes import WorkerProcess
 
 
@@ -146,13 +152,53 @@ def client_sockets(workers: int, pool_size: int) -> None:
           f"({pool_size}, {2 * pool_size})")
 
 
+def shortage(clients: int = 200) -> None:
+    worker = WorkerProcess(nofile=(64, 64)).start()
+    outcomes: dict[str, int] = {"ok": 0, "Congested": 0, "CallTimeout": 0}
+    lock = threading.Lock()
+    opened: list[zqsync.Client] = []
+
+    def one(index: int) -> None:
+        client = zqsync.Client(worker.endpoint, call_timeout=2.0, send_timeout=2.0)
+        opened.append(client)
+        for operation in (lambda: client.enqueue("add", 1, index), lambda: client.call("add", 1, index)):
+            try:
+                operation()
+                outcome = "ok"
+            except zqsync.ZqsyncError as exc:
+                outcome = type(exc).__name__
+            with lock:
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    try:
+        threads = [threading.Thread(target=one, args=(index,)) for index in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for client in opened:
+            client.close(linger=0)
+        stats = worker.stats()
+        errors = [line for line in worker.output().splitlines() if " ERROR " in line]
+    finally:
+        worker.kill()
+    print(f"{clients} clients, a job and a call each, worker under RLIMIT_NOFILE 64: {outcomes}; "
+          f"the worker's ERROR lines: {len(errors)}, fd_exhausted {stats.get('fd_exhausted')}")
+    if errors:
+        print(f"  {errors[0]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--pool-size", type=int, default=4)
+    parser.add_argument("--shortage", action="store_true", help="run only the shortage (3)")
     args = parser.parse_args()
+    if args.shortage:
+        shortage()
+        return 0
     idle_connections(args.connections, args.rounds)
     client_sockets(args.workers, args.pool_size)
     return 0
