@@ -524,8 +524,8 @@ class SocketPool:
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,
             ``swept``, ``unsent_at_close`` (messages possibly dropped when a
             close's linger ran out, an upper bound: see :meth:`close`),
-            ``fd_exhausted`` (a socket could not be made, or a request failed, while this process
-            had no file descriptor left: each is also logged at ERROR, ``fdlimit.py``),
+            ``fd_exhausted`` (a socket could not be made, or a request failed or a job was dropped,
+            while this process had no file descriptor left: also logged at ERROR, ``fdlimit.py``),
             ``in_flight`` and ``open`` (sockets open now).
         """
         with self._lock:

@@ -76,7 +76,6 @@ class Core:
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.started_at = time.time()
-        self.fds = fdlimit.Check(f"zqsync worker pid {os.getpid()}")  # looked at by server.run's greenlet
         self._slots = gevent.pool.Pool(self.concurrency)
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
@@ -90,6 +89,7 @@ class Core:
         self._shed_log = RateLimitedLog(log)
         self._admitter: Optional[gevent.Greenlet] = None  # admits the held confirms (_admit_held)
         self.runner.counters["confirms_shed"] = 0
+        self.runner.counters["fd_exhausted"] = 0  # server.py's looks that found this process out of descriptors
         self.scheduler = build_scheduler(
             self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
             busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
@@ -149,9 +149,7 @@ class Core:
             when the worker binds its own sockets, ``connections_jobs`` /
             ``connections_rpc`` and ``disconnections_jobs`` /
             ``disconnections_rpc``: TCP connections accepted and lost since start;
-            ``fd_exhausted``: the looks, one a second, that found this process out of file
-            descriptors (``fdlimit.Check``; clients cannot connect meanwhile); ``nofile``: its
-            ``RLIMIT_NOFILE`` ``{"soft", "hard"}`` (``-1``: unlimited);
+            ``nofile``: its ``RLIMIT_NOFILE`` ``{"soft", "hard"}`` (``-1``: unlimited);
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
@@ -166,6 +164,8 @@ class Core:
         ``jobs_discarded_on_stop``; ``jobs_retried`` counts failed attempts
         run again. ``confirms_shed`` counts confirmed jobs left unacknowledged because the hold of those
         waiting for an admission place was full (``admission.py``; their clients send them again).
+        ``fd_exhausted`` counts the looks, one a second, that found this process out of file
+        descriptors (``fdlimit.look``; new clients cannot connect meanwhile).
         ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
         (+ those in flight); ``timed_out`` counts both kinds.
         """
@@ -182,7 +182,6 @@ class Core:
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
             **self.intake.connections,
-            "fd_exhausted": self.fds.count,
             "nofile": fdlimit.limits(),
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],

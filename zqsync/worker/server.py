@@ -183,9 +183,11 @@ class Worker(Receiving, Shutdown):
         self.watchdog.kill_if_due()  # cold, and this handler interrupted a task: it ends here
 
     def _look_at_fds(self) -> None:
+        where = f"zqsync worker pid {os.getpid()}"
         while True:
             gevent.sleep(fdlimit.CHECK_INTERVAL)
-            self.fds.look()
+            if fdlimit.look(where):
+                self.runner.counters["fd_exhausted"] += 1
 
     def _watch_parent(self, parent_pid: int) -> None:
         while os.getppid() == parent_pid:

@@ -147,8 +147,8 @@ class Supervisor:
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
         self._dispatch: Optional[Dispatcher] = None
-        self._fds = fdlimit.Check(f"zqsync supervisor pid {os.getpid()}")
-        self._fds_written = 0  # self._fds.count as last written to the supervisor file
+        self._fds_exhausted = 0  # looks that found this process out of descriptors (_look_at_fds)
+        self._fds_written = 0  # self._fds_exhausted as last written to the supervisor file
         self._fds_looked = time.monotonic()
         self._reloads = 0
         self._spawned = 0
@@ -211,7 +211,7 @@ class Supervisor:
         """Write what the children put in ``zqsync.stats``; out of descriptors, it tries again at the next
         look (``_look_at_fds``)."""
         lost = self._dispatch.jobs_lost if self._dispatch is not None else 0
-        exhausted = self._fds.count
+        exhausted = self._fds_exhausted
         try:
             write_supervisor_file(self._dir, {
                 "pid": os.getpid(), "started": self._started, "processes": self.processes, "restarts": self.restarts,
@@ -229,8 +229,9 @@ class Supervisor:
         if now - self._fds_looked < fdlimit.CHECK_INTERVAL:
             return
         self._fds_looked = now
-        self._fds.look()
-        if self._fds.count != self._fds_written:
+        if fdlimit.look(f"zqsync supervisor pid {os.getpid()}"):
+            self._fds_exhausted += 1
+        if self._fds_exhausted != self._fds_written:
             self._write_supervisor_file()
 
     def _reap(self) -> Optional[int]:
