@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from . import __version__, settings
+from . import __version__, fdlimit, settings
 from ._worker_cli import (
     add_metrics_options,
     add_reload_option,
@@ -434,6 +434,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     registry = load_registry(args.app)
     worker = Worker(registry, settings=worker_settings(args), ready_file=args.ready_file, parent_pid=args.parent_pid)
+    fdlimit.raise_soft_limit()  # every connection costs a descriptor; once the app loaded, so errors come alone
     serve_metrics(args, worker)
     return worker.serve()
 
@@ -457,6 +458,7 @@ def _run_supervisor(args: argparse.Namespace) -> int:
             prometheus().MetricsSync(worker).start()
         return worker.serve()
 
+    fdlimit.raise_soft_limit()  # the supervisor holds every client connection; its children inherit the limit
     with supervisor_metrics(args) as on_child_exit:
         supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
                                 graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
@@ -660,6 +662,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"  {group:10} " + "  ".join(f"{key} {value}" for key, value in fields.items()))
     print(f"  {'other':10} in_flight {stats['in_flight']}  dropped: malformed {stats['malformed']}  "
           f"unknown_task {stats['unknown_task']}  timed_out {stats['timed_out']}")
+    _print_fds(stats)
     for task, summary in sorted(stats["durations"].items()):
         print(f"  duration {task:20} n={summary['count']:<6} p50 {summary['p50'] * 1e3:.2f} ms  "
               f"p90 {summary['p90'] * 1e3:.2f} ms  p99 {summary['p99'] * 1e3:.2f} ms")
@@ -719,6 +722,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
           metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
     return 0
+
+
+def _print_fds(stats: dict[str, Any]) -> None:
+    nofile = stats.get("nofile") or {}
+    if nofile:  # a worker of an older release says nothing of its descriptors
+        print(f"  {'fds':10} nofile soft {nofile['soft']} hard {nofile['hard']}  "
+              f"fd_exhausted {stats.get('fd_exhausted', 0)}")
 
 
 def _print_header(stats: dict[str, Any]) -> None:

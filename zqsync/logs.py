@@ -79,7 +79,7 @@ def _load_config(path: str) -> None:
 
 
 class RateLimitedLog:
-    """Logs a warning per ``key`` at most once every ``interval`` seconds, counting what it held back.
+    """Logs a line per ``key`` at most once every ``interval`` seconds, counting what it held back.
 
     :param logger: where to log.
     :param interval: seconds between two lines for one key.
@@ -96,8 +96,16 @@ class RateLimitedLog:
         self._last: dict[Hashable, float] = {}
 
     def warning(self, key: Hashable, message: str, *args: Any, exc_info: bool = False) -> None:
-        """Log ``message % args`` (with the current traceback if ``exc_info``), or count it if ``key``
-        was logged less than ``interval`` ago."""
+        """Log ``message % args`` at WARNING (with the current traceback if ``exc_info``), or count it if
+        ``key`` was logged less than ``interval`` ago."""
+        self.log(logging.WARNING, key, message, *args, exc_info=exc_info)
+
+    def error(self, key: Hashable, message: str, *args: Any) -> None:
+        """As :meth:`warning`, at ERROR."""
+        self.log(logging.ERROR, key, message, *args)
+
+    def log(self, level: int, key: Hashable, message: str, *args: Any, exc_info: bool = False) -> None:
+        """Log ``message % args`` at ``level``, or count it if ``key`` was logged less than ``interval`` ago."""
         now = self._clock()
         if now - self._last.get(key, -self.interval) < self.interval:
             self._held[key] = self._held.get(key, 0) + 1
@@ -105,4 +113,4 @@ class RateLimitedLog:
         self._last[key] = now
         held = self._held.pop(key, 0)
         suffix = f" (and {held} more like it in the last {self.interval:.0f} s)" if held else ""
-        self.logger.warning(message + suffix, *args, exc_info=exc_info)
+        self.logger.log(level, message + suffix, *args, exc_info=exc_info)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -60,6 +61,8 @@ class WorkerProcess:
     :param env: extra environment variables. ``TMPDIR`` defaults to the worker's own
         temporary directory, which :meth:`kill` removes.
     :param ready_timeout: seconds to wait for the worker to listen.
+    :param nofile: ``(soft, hard)`` RLIMIT_NOFILE the worker process starts with (default: this
+        process's); a hard limit below this process's cannot be raised again by the worker.
 
     Use :meth:`start` (or the context manager) and :meth:`stop`.
     ``endpoint`` is the bound base endpoint; output goes to ``log_path``.
@@ -75,6 +78,7 @@ class WorkerProcess:
         extra_args: Sequence[str] = (),
         env: Optional[Mapping[str, str]] = None,
         ready_timeout: float = 30.0,
+        nofile: Optional[tuple[int, int]] = None,
     ) -> None:
         self.app = app
         self.bind = bind
@@ -83,6 +87,7 @@ class WorkerProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.ready_timeout = ready_timeout
+        self.nofile = nofile
         self._dir = tempfile.mkdtemp(prefix="zqsync-worker-")
         self.log_path = os.path.join(self._dir, "worker.log")
         self.endpoint = ""
@@ -115,7 +120,7 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 command, cwd=self.cwd, env={**os.environ, "TMPDIR": self._dir, **self.env}, stdout=log,
                 stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=self._limit if self.nofile else None,
             )
         deadline = time.monotonic() + self.ready_timeout
         while not os.path.exists(ready):
@@ -126,6 +131,11 @@ class WorkerProcess:
         with open(ready) as handle:
             self.endpoint = handle.read().strip()
         return self
+
+    def _limit(self) -> None:
+        """In the forked child, before exec: the file descriptor limit it starts with."""
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def stop(self, *, timeout: float = 15.0, sig: int = signal.SIGTERM) -> Optional[int]:
         """Stop the worker by pid (``sig``, then SIGKILL after ``timeout`` seconds); returns its exit status."""

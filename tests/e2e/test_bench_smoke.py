@@ -54,3 +54,23 @@ def test_bench_rejects_an_unknown_scenario_before_running_anything(root):
     result = bench("--only", "pool", "--only", "nosuch", cwd=root, timeout=60)
     assert result.returncode != 0
     assert "unknown scenario nosuch" in result.stderr and "gunicorn" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_fd_budget_script_measures_a_worker_and_checks_a_client_against_the_formula(root):
+    result = subprocess.run([sys.executable, "benchmarks/fd_budget.py", "--connections", "50", "--rounds", "1",
+                             "--workers", "2", "--pool-size", "2"], cwd=root, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "standalone: 50 idle connections, 1 rounds: RSS KB per connection" in result.stdout
+    assert "descriptors per connection [1.0]" in result.stdout, result.stdout
+    assert "the formula's most: (2, 4)" in result.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_fd_budget_shortage_replays_issue_23s_fault_and_the_worker_says_so(root):
+    result = subprocess.run([sys.executable, "benchmarks/fd_budget.py", "--shortage"], cwd=root, capture_output=True,
+                            text=True, timeout=100)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert "the worker's ERROR lines: 0" not in result.stdout and "fd_exhausted 0" not in result.stdout, result.stdout
+    assert "RLIMIT_NOFILE soft 64, hard 64" in result.stdout, result.stdout

@@ -90,6 +90,18 @@ def test_systemd_unit_settings_fit_the_prefork_worker(workers):
     assert int(option(argv, "--processes")) > 1
 
 
+#: The descriptors a worker needs for issue 23's fleet: 500 web processes x 3 sockets x pool size 4,
+#: plus its own (docs/operations.md, "File descriptors and connections"); the files give ten times that.
+FLEET_FDS = 500 * 3 * 4 + 100
+
+
+def test_the_unit_and_compose_give_the_worker_a_descriptor_limit_for_a_fleet(workers):
+    assert int(unit(workers)["Service"]["LimitNOFILE"]) >= 10 * FLEET_FDS
+    with open(os.path.join(workers, "compose.yaml")) as handle:
+        nofile = yaml.safe_load(handle)["services"]["worker"]["ulimits"]["nofile"]
+    assert nofile["soft"] == nofile["hard"] >= 10 * FLEET_FDS
+
+
 @pytest.mark.timeout(120)
 def test_systemd_units_command_runs_a_prefork_worker_that_stops_cleanly_on_term(workers, tmp_path):
     argv = shlex.split(unit(workers)["Service"]["ExecStart"])

@@ -321,6 +321,8 @@ class Client:
             )
             if sent:
                 self._push.note_sent(sock)
+            else:
+                self._push.check_fds()  # is the worker congested, or is this process out of descriptors?
         self._counts["enqueued" if sent else "dropped"] += 1
         return job_id
 

@@ -61,7 +61,6 @@ ZeroMQ then sends the rest to the other workers listed.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -74,7 +73,7 @@ from typing import Any, Callable, Optional, Union
 import greenlet
 import zmq
 
-from .. import _common
+from .. import _common, fdlimit
 from ..errors import PoolError, ZqsyncWarning
 from ..settings import ClientSettings
 from . import iosched, lifecycle
@@ -90,6 +89,8 @@ SEND_ONLY = frozenset({zmq.PUSH, zmq.PUB})
 KEEPALIVE_PROBES = 3
 #: Seconds between two searches for owners that ended (rule 8).
 SWEEP_INTERVAL = 1.0
+#: Seconds between two probes of :meth:`SocketPool.check_fds`.
+FD_CHECK_INTERVAL = 1.0
 
 #: greenlet -> pool, for every lease in progress (nested-lease detection).
 _holders: dict[Any, "SocketPool"] = {}
@@ -147,11 +148,12 @@ class SocketPool:
         self._warned_budget = False
         self._stats = dict.fromkeys(
             ("opened", "reused", "discarded_poisoned", "discarded_full", "discarded_stopping", "discarded_drained",
-             "kept_after_error",
-             "waits", "peak_in_flight", "stale_replies", "forks_detected", "swept", "unsent_at_close"),
+             "kept_after_error", "waits", "peak_in_flight", "stale_replies", "forks_detected", "swept",
+             "unsent_at_close", "fd_exhausted"),
             0,
         )
         self._stats_wait_seconds = 0.0
+        self._fds_checked = -FD_CHECK_INTERVAL  # when check_fds last probed (monotonic seconds)
         self._reset_state(os.getpid())
         self._check_budget(peers)
         lifecycle.track(self, on_fork=_holders.clear)
@@ -331,7 +333,6 @@ class SocketPool:
             # Checked here rather than left to libzmq's EMFILE: a zmq.green
             # socket whose construction fails raises again from its __del__.
             raise self._budget_error()
-        context = self._context_for_process()
         if owner.green:
             import zmq.green as zmq_green
 
@@ -339,11 +340,15 @@ class SocketPool:
         else:
             socket_class = zmq.Socket
         try:
-            sock = socket_class(context, self.socket_type)
+            sock = socket_class(self._context_for_process(), self.socket_type)
         except zmq.ZMQError as exc:
-            if exc.errno == errno.EMFILE:
+            if exc.errno not in fdlimit.FD_ERRNOS:
+                raise
+            code = fdlimit.out_of_fds()  # EMFILE is also libzmq's own socket limit
+            if code is None:
                 raise self._budget_error() from exc
-            raise
+            self._out_of_fds(code)
+            raise PoolError(f"no file descriptor left for a new socket ({exc}): {fdlimit.CLIENT_HINT}") from exc
         try:
             self._configure(sock, address)
         except BaseException:
@@ -354,6 +359,22 @@ class SocketPool:
             self._live += 1
             self._enter_flight(sock, holder)
         return sock
+
+    def check_fds(self) -> None:
+        """A request failed or a job was dropped: if this process is out of descriptors now, the likely
+        cause (libzmq retries a connect whose ``socket()`` failed and says nothing), count and log it.
+        Probes at most once per ``FD_CHECK_INTERVAL`` seconds (a drop can be a fast path of its own)."""
+        now = time.monotonic()
+        if now - self._fds_checked < FD_CHECK_INTERVAL:
+            return
+        self._fds_checked = now
+        code = fdlimit.out_of_fds()
+        if code is not None:
+            self._out_of_fds(code)
+
+    def _out_of_fds(self, code: int) -> None:
+        self._stats["fd_exhausted"] += 1
+        fdlimit.report(f"zqsync client pid {os.getpid()}", code, fdlimit.CLIENT_HINT)
 
     def _budget_error(self) -> PoolError:
         return PoolError(
@@ -534,6 +555,8 @@ class SocketPool:
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,
             ``swept``, ``unsent_at_close`` (messages possibly dropped when a
             close's linger ran out, an upper bound: see :meth:`close`),
+            ``fd_exhausted`` (a socket could not be made, or a request failed or a job was dropped,
+            while this process had no file descriptor left: also logged at ERROR, ``fdlimit.py``),
             ``in_flight`` and ``open`` (sockets open now).
         """
         with self._lock:
@@ -649,11 +672,13 @@ class Lease:
         try:
             if exc_type is None:
                 self._pool._park(self._key, self.socket, self._pid)
-            elif self._pool.send_only and not issubclass(exc_type, zmq.ZMQError):
-                self._pool._stats["kept_after_error"] += 1
-                self._pool._park(self._key, self.socket, self._pid)
             else:
-                self._pool._discard(self.socket, self._pid)
+                self._pool.check_fds()
+                if self._pool.send_only and not issubclass(exc_type, zmq.ZMQError):
+                    self._pool._stats["kept_after_error"] += 1
+                    self._pool._park(self._key, self.socket, self._pid)
+                else:
+                    self._pool._discard(self.socket, self._pid)
         finally:
             self._permits.release()
             self._pool._term_if_closed()

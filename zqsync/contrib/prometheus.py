@@ -39,7 +39,7 @@ PREFIX = "zqsync"
 CLIENT_COUNTERS = ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts")
 #: SocketPool.stats() keys mirrored as counters (labelled by pool).
 POOL_COUNTERS = ("opened", "reused", "discarded_poisoned", "discarded_full", "waits", "wait_seconds",
-                 "stale_replies", "forks_detected", "swept")
+                 "stale_replies", "forks_detected", "swept", "fd_exhausted")
 POOL_GAUGES = ("open", "in_flight")
 #: ``Client.stats()`` keys of its two pools, the ``pool`` label's values.
 POOLS = ("push", "dealer")
@@ -49,7 +49,8 @@ WORKER_COUNTERS = ("jobs_received", "plain_received", "jobs_replayed", "jobs_suc
                    "jobs_retried", "jobs_dead", "confirmed_received", "confirmed_accepted", "confirmed_duplicates",
                    "confirmed_refused", "journal_errors", "calls_received", "calls_succeeded", "calls_failed",
                    "timed_out", "unknown_task", "malformed", "calls_expired", "jobs_expired",
-                   "jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "confirms_shed")
+                   "jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ignored_on_stop", "confirms_shed",
+                   "fd_exhausted")
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 

@@ -18,7 +18,7 @@ import gevent
 import gevent.pool
 import zmq
 
-from .. import _common
+from .. import _common, fdlimit
 from ..logs import RateLimitedLog
 from ..settings import WorkerSettings
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
@@ -89,6 +89,7 @@ class Core:
         self._shed_log = RateLimitedLog(log)
         self._admitter: Optional[gevent.Greenlet] = None  # admits the held confirms (_admit_held)
         self.runner.counters["confirms_shed"] = 0
+        self.runner.counters["fd_exhausted"] = 0  # server.py's looks that found this process out of descriptors
         self.scheduler = build_scheduler(
             self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
             busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
@@ -148,6 +149,7 @@ class Core:
             when the worker binds its own sockets, ``connections_jobs`` /
             ``connections_rpc`` and ``disconnections_jobs`` /
             ``disconnections_rpc``: TCP connections accepted and lost since start;
+            ``nofile``: its ``RLIMIT_NOFILE`` ``{"soft", "hard"}`` (``-1``: unlimited);
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
@@ -162,6 +164,8 @@ class Core:
         ``jobs_discarded_on_stop``; ``jobs_retried`` counts failed attempts
         run again. ``confirms_shed`` counts confirmed jobs left unacknowledged because the hold of those
         waiting for an admission place was full (``admission.py``; their clients send them again).
+        ``fd_exhausted`` counts the looks, one a second, that found this process out of file
+        descriptors (``fdlimit.look``; new clients cannot connect meanwhile).
         ``calls_received`` = ``calls_succeeded`` + ``calls_failed``
         (+ those in flight); ``timed_out`` counts both kinds.
         """
@@ -178,6 +182,7 @@ class Core:
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
             **self.intake.connections,
+            "nofile": fdlimit.limits(),
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],
             "queues": {queue.name: queue.stats() for queue in self.queues},

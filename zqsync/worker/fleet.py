@@ -139,6 +139,8 @@ def merge(reports: list[dict[str, Any]], supervisor: dict[str, Any]) -> dict[str
                          "durations": stats.get("durations", {})})
     return {
         **totals,
+        # The supervisor holds the public sockets and every client connection (supervisor.py).
+        "fd_exhausted": totals["fd_exhausted"] + supervisor.get("fd_exhausted", 0), "nofile": supervisor.get("nofile"),
         "pid": own["pid"], "uptime": own["uptime"], "tasks": own["tasks"], "state": own.get("state", "up"),
         "identities_by_pid": dict(identities_by_pid), "identities": identities, "clients": clients,
         "durations": percentiles_of(samples),

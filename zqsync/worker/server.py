@@ -27,7 +27,7 @@ import gevent
 import zmq
 import zmq.green
 
-from .. import _common
+from .. import _common, fdlimit
 from .core import log
 from .inline import Reader
 from .receiving import Receiving
@@ -151,6 +151,7 @@ class Worker(Receiving, Shutdown):
         for queue in self.queues:
             log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
         self.intake.start(self._slots, self._admissions)
+        self._greenlets.append(gevent.spawn(self._look_at_fds))
         if self.parent_pid is not None:
             self._greenlets.append(gevent.spawn(self._watch_parent, self.parent_pid))
         log.info("zqsync worker pid %d serving %d task(s) %s, concurrency %d",
@@ -180,6 +181,13 @@ class Worker(Receiving, Shutdown):
             self._stop_deadline = now + self.graceful_timeout
         self.watchdog.kill_tasks_at(self._stop_deadline if self._warm() else now)
         self.watchdog.kill_if_due()  # cold, and this handler interrupted a task: it ends here
+
+    def _look_at_fds(self) -> None:
+        where = f"zqsync worker pid {os.getpid()}"
+        while True:
+            gevent.sleep(fdlimit.CHECK_INTERVAL)
+            if fdlimit.look(where):
+                self.runner.counters["fd_exhausted"] += 1
 
     def _watch_parent(self, parent_pid: int) -> None:
         while os.getppid() == parent_pid:

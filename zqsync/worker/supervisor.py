@@ -62,7 +62,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from .. import _common, settings
+from .. import _common, fdlimit, settings
 from ..errors import ConfigurationError
 from .auth import curve_state, start_thread_authenticator
 from .binding import KEEPALIVE, bind_pair
@@ -150,6 +150,9 @@ class Supervisor:
         self._dir = tempfile.mkdtemp(prefix="zqsync-supervisor-")
         self._context: Optional[zmq.Context] = None
         self._dispatch: Optional[Dispatcher] = None
+        self._fds_exhausted = 0  # looks that found this process out of descriptors (_look_at_fds)
+        self._fds_written = 0  # self._fds_exhausted as last written to the supervisor file
+        self._fds_looked = time.monotonic()
         self._reloads = 0
         self._spawned = 0
         self._unclean_stops = 0  # children that exited non-zero during the stop, or were SIGKILLed
@@ -209,9 +212,31 @@ class Supervisor:
         return child
 
     def _write_supervisor_file(self) -> None:
+        """Write what the children put in ``zqsync.stats``; out of descriptors, it tries again at the next
+        look (``_look_at_fds``)."""
         lost = self._dispatch.jobs_lost if self._dispatch is not None else 0
-        write_supervisor_file(self._dir, {"pid": os.getpid(), "started": self._started, "processes": self.processes,
-                                          "restarts": self.restarts, "jobs_lost_in_children": lost})
+        exhausted = self._fds_exhausted
+        try:
+            write_supervisor_file(self._dir, {
+                "pid": os.getpid(), "started": self._started, "processes": self.processes, "restarts": self.restarts,
+                "jobs_lost_in_children": lost, "fd_exhausted": exhausted, "nofile": fdlimit.limits()})
+        except OSError as exc:
+            if exc.errno not in fdlimit.FD_ERRNOS:
+                raise
+            return
+        self._fds_written = exhausted
+
+    def _look_at_fds(self) -> None:
+        """Once every ``fdlimit.CHECK_INTERVAL`` seconds: is this process out of descriptors (it holds every
+        client connection)? The count reaches the children's stats once the file can be written again."""
+        now = time.monotonic()
+        if now - self._fds_looked < fdlimit.CHECK_INTERVAL:
+            return
+        self._fds_looked = now
+        if fdlimit.look(f"zqsync supervisor pid {os.getpid()}"):
+            self._fds_exhausted += 1
+        if self._fds_exhausted != self._fds_written:
+            self._write_supervisor_file()
 
     def _reap(self) -> Optional[int]:
         """Collect exited children; restart or halt. Returns an exit status to halt with, or ``None``."""
@@ -375,6 +400,7 @@ class Supervisor:
                     del self._restart_at[slot]
                     self.restarts += 1
                     self._spawn(slot)
+            self._look_at_fds()
             if not announced and len(self.children) >= self.processes and all(c.booted for c in self.children.values()):
                 announced = True
                 self._write_ready_file()
