@@ -151,6 +151,10 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
     worker.add_argument("--state-dir", metavar="DIR",
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")
+    worker.add_argument("--journal", metavar="URL",
+                        help="the journal's URL: sqlite:///PATH (the same as --state-dir PATH) or "
+                        "postgresql://USER@HOST:PORT/DB, one database shared by every worker of a fleet, "
+                        "whose workers take over the jobs of a worker that is gone (needs zqsync[postgresql])")
     worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
                         help="SQLite synchronous level: 'normal' survives any process kill, but a power loss or "
                         "kernel crash may lose the last acknowledged jobs; 'full' also survives power loss, "

@@ -190,6 +190,15 @@ def _journal_sync(name: str, value: Any) -> str:
     return text
 
 
+def _journal(name: str, value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    from .worker.journal_api import parse_journal_url
+
+    parse_journal_url(value, setting=name)
+    return str(value).strip()
+
+
 def _bind(name: str, value: Any) -> str:
     parse_endpoint(value, allow_zero=True)
     return str(value).strip()
@@ -253,7 +262,10 @@ class WorkerSettings:
     :ivar graceful_timeout: seconds a warm shutdown waits for in-flight tasks.
     :ivar hwm: receive high-water mark of the jobs and rpc sockets, messages.
     :ivar max_message_size: bytes; larger frames are refused by ZeroMQ (``ZMQ_MAXMSGSIZE``).
-    :ivar state_dir: directory of the journal of confirmed jobs; ``None`` refuses confirmed jobs.
+    :ivar state_dir: directory of the SQLite journal of confirmed jobs; ``None`` (and no ``journal``)
+        refuses confirmed jobs.
+    :ivar journal: the journal's URL: ``sqlite:///PATH`` (the same as ``state_dir=PATH``) or
+        ``postgresql://USER@HOST:PORT/DB`` (one database shared by a fleet); see :attr:`journal_url`.
     :ivar journal_sync: SQLite ``synchronous``, ``"NORMAL"`` or ``"FULL"``.
     :ivar journal_busy_timeout: seconds to wait for another process's journal write lock.
     :ivar keep_done: seconds ``done`` rows stay journaled (duplicate detection, results).
@@ -276,6 +288,7 @@ class WorkerSettings:
     hwm: int = WORKER_HWM
     max_message_size: int = MAX_MESSAGE_SIZE
     state_dir: Optional[str] = None
+    journal: Optional[str] = None
     journal_sync: str = JOURNAL_SYNC
     journal_busy_timeout: float = JOURNAL_BUSY_TIMEOUT
     keep_done: float = KEEP_DONE
@@ -293,6 +306,7 @@ class WorkerSettings:
         "hwm": lambda n, v: _positive_int(n, v, 0),
         "max_message_size": _positive_int,
         "state_dir": _optional_path,
+        "journal": _journal,
         "journal_sync": _journal_sync,
         "journal_busy_timeout": _seconds,
         "keep_done": _seconds,
@@ -307,9 +321,19 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         for field, check in self._CHECKS.items():
             object.__setattr__(self, field, check(field, getattr(self, field)))  # type: ignore[operator]
+        if self.state_dir and self.journal and self.journal_url != f"sqlite:///{self.state_dir}":
+            raise ConfigurationError(f"give the journal once: --state-dir {self.state_dir} or --journal {self.journal}",
+                                     setting="journal")
         if bool(self.curve_secret_key) != bool(self.allow_client_keys):
             raise ConfigurationError("CURVE needs both a secret key and a directory of allowed client keys",
                                      setting="curve_secret_key")
+
+    @property
+    def journal_url(self) -> Optional[str]:
+        """The journal's URL (``journal``, or ``sqlite:///STATE_DIR``), or ``None``: no journal."""
+        if self.journal:
+            return self.journal
+        return f"sqlite:///{self.state_dir}" if self.state_dir else None
 
     def replace(self, **overrides: Any) -> "WorkerSettings":
         """A copy with ``overrides`` (field names; ``None`` keeps a field), checked again.

@@ -90,7 +90,7 @@ class Core:
         self._admitter: Optional[gevent.Greenlet] = None  # admits the held confirms (_admit_held)
         self.runner.counters["confirms_shed"] = 0
         self.scheduler = build_scheduler(
-            self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
+            self.runner, self._slots, self.settings.journal_url, synchronous=self.settings.journal_sync,
             busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
             keep_dead=self.settings.keep_dead,
         )
