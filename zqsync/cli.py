@@ -167,6 +167,10 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
     worker.add_argument("--journal-busy-timeout", type=_seconds, default=settings.JOURNAL_BUSY_TIMEOUT, metavar="SECONDS",
                         help="how long a journal write waits for another process's lock before it fails, "
                         "is logged and retried (default: 30)")
+    worker.add_argument("--journal-lease", type=_seconds, default=settings.JOURNAL_LEASE, metavar="SECONDS",
+                        help="PostgreSQL journal: how long this process's ownership of its jobs lasts unless "
+                        "renewed (every third of it); once it expires (host or network gone), other workers "
+                        "take its pending and running jobs over (default: 10)")
     worker.add_argument("--curve-secret-key", metavar="FILE",
                         help="this worker's secret key (NAME.key_secret from 'zqsync keygen'): accept only CURVE "
                         "clients listed in --allow-client-keys; traffic is encrypted")

@@ -68,6 +68,8 @@ BIND = "tcp://127.0.0.1:5555"
 WORKER_HWM = 1000
 JOURNAL_SYNC = "NORMAL"
 JOURNAL_BUSY_TIMEOUT = 30.0
+#: Seconds a worker's ownership of its PostgreSQL journal rows lasts unless renewed (``journal_pg.py``).
+JOURNAL_LEASE = 10.0
 KEEP_DONE = 3600.0
 KEEP_DEAD = 7 * 86400.0
 HARD_GRACE = 5.0
@@ -268,6 +270,8 @@ class WorkerSettings:
         ``postgresql://USER@HOST:PORT/DB`` (one database shared by a fleet); see :attr:`journal_url`.
     :ivar journal_sync: SQLite ``synchronous``, ``"NORMAL"`` or ``"FULL"``.
     :ivar journal_busy_timeout: seconds to wait for another process's journal write lock.
+    :ivar journal_lease: seconds a worker process's lease on its PostgreSQL journal rows lasts unless
+        renewed (every third of it); once it expires, other workers take its jobs over.
     :ivar keep_done: seconds ``done`` rows stay journaled (duplicate detection, results).
     :ivar keep_dead: seconds dead-lettered rows stay journaled.
     :ivar hard_grace: seconds past a task's time limit before a blocked worker process ends (``watchdog.py``).
@@ -291,6 +295,7 @@ class WorkerSettings:
     journal: Optional[str] = None
     journal_sync: str = JOURNAL_SYNC
     journal_busy_timeout: float = JOURNAL_BUSY_TIMEOUT
+    journal_lease: float = JOURNAL_LEASE
     keep_done: float = KEEP_DONE
     keep_dead: float = KEEP_DEAD
     hard_grace: float = HARD_GRACE
@@ -309,6 +314,7 @@ class WorkerSettings:
         "journal": _journal,
         "journal_sync": _journal_sync,
         "journal_busy_timeout": _seconds,
+        "journal_lease": _deadline,
         "keep_done": _seconds,
         "keep_dead": _seconds,
         "hard_grace": _deadline,

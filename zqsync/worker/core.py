@@ -91,7 +91,7 @@ class Core:
         self.runner.counters["confirms_shed"] = 0
         self.scheduler = build_scheduler(
             self.runner, self._slots, self.settings.journal_url, synchronous=self.settings.journal_sync,
-            busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
+            busy_timeout=self.settings.journal_busy_timeout, lease=self.settings.journal_lease, keep_done=self.settings.keep_done,
             keep_dead=self.settings.keep_dead,
         )
         self.runner.builtins.update(self.scheduler.book.builtins())

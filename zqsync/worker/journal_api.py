@@ -258,12 +258,14 @@ def parse_journal_url(url: str, setting: str = "journal") -> JournalURL:
                              setting=setting)
 
 
-def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0, **options: Any) -> JournalBackend:
+def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0,
+                 lease: float = 10.0) -> JournalBackend:
     """Open the journal at ``url`` (:func:`parse_journal_url`), creating its schema if missing.
 
     :param synchronous: SQLite's ``synchronous`` (ignored by PostgreSQL, whose server settings decide).
     :param busy_timeout: seconds a write waits for another's lock before it fails.
-    :param options: backend options (PostgreSQL: ``lease``, seconds).
+    :param lease: PostgreSQL: seconds an owner's lease lasts unless renewed (ignored by SQLite, whose
+        owners hold an ``flock`` for as long as they live).
     :raises ConfigurationError: a bad URL, or ``psycopg`` not installed for a PostgreSQL URL.
     :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
     """
@@ -277,4 +279,4 @@ def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float =
                                  setting="journal")
     from .journal_pg import PostgresJournal
 
-    return PostgresJournal(target, busy_timeout=busy_timeout, **options)
+    return PostgresJournal(target, busy_timeout=busy_timeout, lease=lease)

@@ -83,7 +83,7 @@ class Confirm(NamedTuple):
 
 def build_scheduler(
     runner: Runner, slots: gevent.pool.Pool, journal_url: Optional[str], *, synchronous: str = "NORMAL",
-    busy_timeout: float = 30.0, **options: Any,
+    busy_timeout: float = 30.0, lease: float = settings.JOURNAL_LEASE, **options: Any,
 ) -> "JobScheduler":
     """A scheduler with the journal at ``journal_url`` (``journal_api.open_journal``; opened and
     registered as a live owner), or without one if ``journal_url`` is ``None``. ``options`` go to
@@ -91,7 +91,8 @@ def build_scheduler(
 
     :raises ConfigurationError: a bad URL. :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
     """
-    journal = open_journal(journal_url, synchronous=synchronous, busy_timeout=busy_timeout) if journal_url else None
+    journal = (open_journal(journal_url, synchronous=synchronous, busy_timeout=busy_timeout, lease=lease)
+               if journal_url else None)
     if journal is not None:
         journal.register()
     return JobScheduler(runner, slots, journal=journal, **options)
