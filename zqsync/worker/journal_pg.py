@@ -68,10 +68,9 @@ CREATE TABLE IF NOT EXISTS zqsync_jobs (
     started_at DOUBLE PRECISION,
     finished_at DOUBLE PRECISION
 );
-CREATE INDEX IF NOT EXISTS zqsync_jobs_by_state_owner ON zqsync_jobs (state, owner);
+-- Pending rows by owner serve claims and replays; every index costs each insert and outcome.
 CREATE INDEX IF NOT EXISTS zqsync_jobs_to_replay ON zqsync_jobs (owner, replay, next_at) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS zqsync_jobs_by_state_updated ON zqsync_jobs (state, updated_at);
-CREATE INDEX IF NOT EXISTS zqsync_jobs_by_created ON zqsync_jobs (created_at, id);
 CREATE TABLE IF NOT EXISTS zqsync_owners (
     token TEXT PRIMARY KEY,
     host TEXT NOT NULL,
@@ -100,9 +99,10 @@ taken AS (
 SELECT (SELECT count(*) FROM taken), (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM died)
 """
 FOREIGN = f"SELECT task, count(*) FROM zqsync_jobs j WHERE {ORPHAN} AND NOT (j.task = ANY(%s)) GROUP BY task"
-OUTCOME = ("UPDATE zqsync_jobs SET state = %s, attempts = %s, next_at = %s, error = %s, result = %s, running = 0,"
-           " updated_at = %s, finished_at = CASE WHEN %s = 'pending' THEN NULL ELSE %s::float8 END"
-           " WHERE id = %s AND state <> 'cancelled'")
+OUTCOMES = ("UPDATE zqsync_jobs j SET state = o.state, attempts = o.attempts, next_at = o.next_at, error = o.error,"
+            " result = o.result, running = 0, updated_at = %s, finished_at = CASE WHEN o.state = 'pending' THEN NULL"
+            " ELSE %s END FROM unnest(%s::text[], %s::text[], %s::int[], %s::float8[], %s::text[], %s::bytea[])"
+            " AS o(id, state, attempts, next_at, error, result) WHERE j.id = o.id AND j.state <> 'cancelled'")
 STARTS = ("UPDATE zqsync_jobs j SET attempts = j.attempts + 1, running = s.running, next_at = s.retry_at,"
           " updated_at = %s, started_at = %s FROM unnest(%s::text[], %s::smallint[], %s::float8[])"
           " AS s(id, running, retry_at) WHERE j.id = s.id AND j.state = 'pending' RETURNING j.id")
@@ -116,7 +116,13 @@ REPLAYS = (f"WITH due AS (SELECT id FROM zqsync_jobs WHERE state = 'pending' AND
            f" AND next_at <= %s ORDER BY running > 0, next_at, created_at LIMIT %s FOR UPDATE SKIP LOCKED)"
            f" UPDATE zqsync_jobs j SET replay = 0 FROM due WHERE j.id = due.id"
            f" RETURNING {', '.join('j.' + name for name in FIELDS)}")
-RENEW = "UPDATE zqsync_owners SET expires_at = now() + make_interval(secs => %s) WHERE token = %s"
+#: Renews a lease, or takes it again if it expired and was forgotten (returns whether it was).
+RENEW = ("INSERT INTO zqsync_owners AS o (token, host, pid, expires_at) VALUES (%s, %s, %s,"
+         " now() + make_interval(secs => %s)) ON CONFLICT (token) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+         " RETURNING o.xmax = 0")
+#: Seconds an expired owner is kept before it may be forgotten: a process that stalled past its lease and
+#: then wrote new rows is known again by its next renewal long before that.
+FORGET_AFTER = 3600.0
 REQUEUE = ("UPDATE zqsync_jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
            " owner = NULL, replay = 0, result = NULL, started_at = NULL, finished_at = NULL, updated_at = %s")
 
@@ -150,6 +156,7 @@ class PostgresJournal(JournalBackend):
         return db
 
     def _transaction(self, work: Callable[[psycopg.Connection], Any]) -> Any:
+        """``work(connection)`` in one transaction, under the lock (a broken connection replaced first)."""
         with self._lock:
             if self._db.closed or self._db.broken:
                 self._db = self._connect()
@@ -165,9 +172,7 @@ class PostgresJournal(JournalBackend):
         """Become a live owner: a new random token with a lease, renewed by a native thread until
         :meth:`close`. Returns the token. A forked child does not inherit it."""
         token = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(8)}"
-        self._transaction(lambda db: db.execute(
-            "INSERT INTO zqsync_owners (token, host, pid, expires_at) VALUES (%s, %s, %s,"
-            " now() + make_interval(secs => %s))", (token, socket.gethostname(), os.getpid(), self.lease)))
+        self._transaction(lambda db: db.execute(RENEW, (token, socket.gethostname(), os.getpid(), self.lease)))
         self.token = token
         self._renewing, self._renewed = native_lock(), native_lock()
         self._renewing.acquire()
@@ -185,8 +190,10 @@ class PostgresJournal(JournalBackend):
                 try:
                     if db is None or db.closed or db.broken:
                         db = self._connect()
-                    if not db.execute(RENEW, (self.lease, token)).rowcount:
-                        log.error("the journal lease of %s was lost: its jobs may run again elsewhere", token)
+                    row = db.execute(RENEW, (token, socket.gethostname(), os.getpid(), self.lease)).fetchone()
+                    if row and row[0]:
+                        log.error("the journal lease of %s had expired and was forgotten: its jobs may run "
+                                  "again elsewhere", token)
                 except psycopg.Error as exc:
                     log.error("could not renew the journal lease of %s (it expires %.0f s after the last "
                               "renewal): %s: %s", token, self.lease, type(exc).__name__, exc)
@@ -203,11 +210,13 @@ class PostgresJournal(JournalBackend):
             "SELECT 1 FROM zqsync_owners WHERE token = %s AND expires_at > now()", (token,)))
 
     def sweep_owners(self) -> int:
-        """Forget owners whose lease expired and who own no pending row (and their probe rows); returns how many."""
+        """Forget owners whose lease expired :data:`FORGET_AFTER` s ago and who own no pending row (and
+        their probe rows); returns how many."""
         def sweep(db: psycopg.Connection) -> int:
             gone = db.execute(
-                "DELETE FROM zqsync_owners o WHERE expires_at <= now() AND NOT EXISTS (SELECT 1 FROM zqsync_jobs j"
-                " WHERE j.state = 'pending' AND j.owner = o.token)").rowcount
+                "DELETE FROM zqsync_owners o WHERE expires_at <= now() - make_interval(secs => %s) AND NOT EXISTS"
+                " (SELECT 1 FROM zqsync_jobs j WHERE j.state = 'pending' AND j.owner = o.token)",
+                (FORGET_AFTER,)).rowcount
             db.execute("DELETE FROM zqsync_probes p WHERE NOT EXISTS (SELECT 1 FROM zqsync_owners o"
                        " WHERE o.token = p.owner)")
             return int(gone)
@@ -225,35 +234,37 @@ class PostgresJournal(JournalBackend):
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """:meth:`JournalBackend.write_all` in one PostgreSQL transaction (three or four statements).
+        """:meth:`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
 
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
         now = time.time()
-        new, done, begun = [NewJob(*job) for job in jobs], list(outcomes), list(starts)
+        new, done, begun = [NewJob(*job) for job in jobs], list({o.id: o for o in outcomes}.values()), list(starts)
 
         def apply(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
-            with db.cursor() as cursor:
-                if done:
-                    cursor.executemany(OUTCOME, [(o.state, o.attempts, o.next_at, o.error, o.result, now, o.state, now,
-                                                  o.id) for o in done])
-                refused: set[str] = set()
+            with db.cursor() as starting, db.cursor() as inserting:
+                if done:  # one statement, so the last outcome of an id wins
+                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in Outcome._fields)))
                 if begun:
-                    cursor.execute(STARTS, (now, now, [s.id for s in begun], [s.running for s in begun],
-                                            [s.retry_at for s in begun]))
-                    refused = {s.id for s in begun} - {row[0] for row in cursor.fetchall()}
-                return (self._insert(cursor, new, now) if new else []), refused
+                    starting.execute(STARTS, (now, now, [s.id for s in begun], [s.running for s in begun],
+                                              [s.retry_at for s in begun]))
+                if new:
+                    started = [job.retry_at > 0 for job in new]
+                    inserting.execute(INSERT, (
+                        self.token, now, now, [job.id for job in new], [job.task for job in new],
+                        [job.body for job in new], [job.retries for job in new],
+                        [job.retry_at if go else job.due for job, go in zip(new, started)],
+                        [int(job.due > 0) for job in new], [int(go) for go in started],
+                        [SHARED if go else 0 for go in started], [now if go else None for go in started]))
+                refused = {s.id for s in begun} - {row[0] for row in starting.fetchall()} if begun else set()
+                return (self._answers(inserting, new) if new else []), refused
 
         return self._transaction(apply)
 
-    def _insert(self, cursor: psycopg.Cursor, new: list[NewJob], now: float) -> list[Optional[str]]:
-        started = [job.retry_at > 0 for job in new]
-        cursor.execute(INSERT, (
-            self.token, now, now, [job.id for job in new], [job.task for job in new], [job.body for job in new],
-            [job.retries for job in new], [job.retry_at if go else job.due for job, go in zip(new, started)],
-            [int(job.due > 0) for job in new], [int(go) for go in started], [SHARED if go else 0 for go in started],
-            [now if go else None for go in started]))
-        inserted = {row[0] for row in cursor.fetchall()}
+    @staticmethod
+    def _answers(inserting: psycopg.Cursor, new: list[NewJob]) -> list[Optional[str]]:
+        """Per new job, ``None`` if ``inserting`` (the :data:`INSERT`) inserted it, else its row's state."""
+        inserted = {row[0] for row in inserting.fetchall()}
         answers: list[Optional[str]] = []
         for job in new:
             answers.append(None if job.id in inserted else job.id)
@@ -261,7 +272,8 @@ class PostgresJournal(JournalBackend):
         known = [job_id for job_id in answers if job_id is not None]
         if not known:
             return answers
-        states: dict[str, str] = dict(cursor.execute("SELECT id, state FROM zqsync_jobs WHERE id = ANY(%s)", (known,)).fetchall())
+        states: dict[str, str] = dict(inserting.execute("SELECT id, state FROM zqsync_jobs WHERE id = ANY(%s)",
+                                                        (known,)).fetchall())
         return [None if job_id is None else str(states[job_id]) for job_id in answers]
 
     def claim(self, tasks: Sequence[str]) -> Claim:
