@@ -5,6 +5,9 @@ tests skip with the reason where none can be started."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -75,3 +78,25 @@ def test_the_acknowledged_jobs_of_a_worker_killed_for_good_run_on_another(pg_wor
     assert len(acknowledged) == 200 and took < slack(5.0 + LEASE + 10)
     assert survivor.stats()["jobs_succeeded"] == 200
     wait_for(lambda: states(pg_url) == {"done": 200}, what="every row done")
+
+
+def test_zqsync_jobs_lists_and_cancels_the_whole_fleets_jobs_from_the_database(pg_worker, pg_url, tmp_path):
+    first, second = pg_worker(), pg_worker()
+    ids = []
+    for worker in (first, second):
+        with zqsync.Client(worker.endpoint) as client:
+            ids.append(client.enqueue_with_options("record", args=(str(tmp_path / "out"), "x"), confirm=True,
+                                                   delay=3600))
+
+    def jobs(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "zqsync", "jobs", *args, "--journal", pg_url],
+                              capture_output=True, text=True, timeout=slack(60))
+
+    listed = jobs("--state", "pending", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(json.loads(line)["id"] for line in listed.stdout.splitlines()) == sorted(ids)
+    cancelled = jobs("cancel", ids[1])
+    assert (cancelled.returncode, cancelled.stdout.splitlines()[-1]) == (0, "cancelled 1 job(s)")
+    assert states(pg_url) == {"pending": 1, "cancelled": 1}
+    refused = jobs("recover")
+    assert refused.returncode != 0 and "only a SQLite journal is recovered" in refused.stderr
