@@ -86,3 +86,22 @@ def test_workers_claiming_at_once_take_disjoint_rows(journals):
     owners = [row.owner for row in one.iter_rows(("pending",))]
     assert len(owners) == 2000 and set(owners) <= {one.token, two.token}
     assert owners.count(one.token) == claims[one.token]
+
+
+def child_closes_and_writes(journal: PostgresJournal) -> str:
+    journal.close()  # the parent's session: left alone
+    try:
+        journal.write([("from-child", "t", b"", 0)])
+    except RuntimeError as exc:
+        return str(exc)
+    return "written"
+
+
+def test_a_forked_child_neither_uses_nor_closes_its_parents_session(journals):
+    from zqsync.testing import run_in_fork
+
+    owner = journals()
+    assert run_in_fork(child_closes_and_writes, owner) == (
+        "this PostgreSQL journal connection belongs to the process that opened it")
+    assert owner.write([("from-parent", "t", b"", 0)]) == [None]
+    assert journals(register=False).owner_alive(owner.token), "its lease is still renewed"

@@ -144,6 +144,7 @@ class PostgresJournal(JournalBackend):
         self._lock = native_lock()
         self._renewing: Optional[Any] = None  # held while the renewal thread is to run
         self._renewed: Optional[Any] = None  # held while it runs
+        self._pid = os.getpid()  # a forked child must neither use nor close the parent's session
         self._db = self._connect()
         with self._lock, self._db.transaction():
             self._db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
@@ -157,6 +158,8 @@ class PostgresJournal(JournalBackend):
 
     def _transaction(self, work: Callable[[psycopg.Connection], Any]) -> Any:
         """``work(connection)`` in one transaction, under the lock (a broken connection replaced first)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError("this PostgreSQL journal connection belongs to the process that opened it")
         with self._lock:
             if self._db.closed or self._db.broken:
                 self._db = self._connect()
@@ -355,7 +358,10 @@ class PostgresJournal(JournalBackend):
 
     def close(self) -> None:
         """Stop renewing, expire this owner's lease (its pending rows are claimed by any live worker at
-        once) and close the connection."""
+        once) and close the connection. In a process forked from the owner it does nothing: the session is
+        the parent's."""
+        if os.getpid() != self._pid:
+            return
         if self._renewing is not None and self._renewed is not None and self.token is not None:
             self._renewing.release()
             self._renewed.acquire(timeout=self.busy_timeout)
