@@ -100,3 +100,15 @@ def test_zqsync_jobs_lists_and_cancels_the_whole_fleets_jobs_from_the_database(p
     assert states(pg_url) == {"pending": 1, "cancelled": 1}
     refused = jobs("recover")
     assert refused.returncode != 0 and "only a SQLite journal is recovered" in refused.stderr
+
+
+def test_any_worker_of_the_fleet_answers_for_a_job_another_one_ran(pg_worker):
+    ran, other = pg_worker(), pg_worker()
+    with zqsync.Client(ran.endpoint) as client:
+        job_id = client.enqueue_with_options("add", args=(20, 22), confirm=True)
+        assert client.result(job_id, timeout=slack(10)) == 42
+    with zqsync.Client(other.endpoint) as elsewhere:  # knows only the worker that did not run it
+        assert elsewhere.result(job_id, timeout=slack(10)) == 42
+        status = elsewhere.job(job_id)
+    assert (status.state, status.worker) == ("done", other.endpoint)
+    assert other.stats()["jobs_succeeded"] == 0
