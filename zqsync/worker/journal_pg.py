@@ -197,7 +197,7 @@ class PostgresJournal(JournalBackend):
                     if row and row[0]:
                         log.error("the journal lease of %s had expired and was forgotten: its jobs may run "
                                   "again elsewhere", token)
-                except psycopg.Error as exc:
+                except Exception as exc:  # the thread must outlive any failure, or the lease lapses
                     log.error("could not renew the journal lease of %s (it expires %.0f s after the last "
                               "renewal): %s: %s", token, self.lease, type(exc).__name__, exc)
         finally:
