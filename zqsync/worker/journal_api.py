@@ -14,7 +14,7 @@ The rules both keep (``tests/contract/test_journal_contract.py`` checks them on 
 * Rows belong to an **owner token**, one per worker process and boot
   (:meth:`JournalBackend.register`); an owner is alive while its process holds
   it (an ``flock`` for SQLite, a renewed lease for PostgreSQL). A live worker
-  :meth:`~JournalBackend.claim`\\ s the pending rows of owners that are gone,
+  claims the pending rows of owners that are gone (:meth:`~JournalBackend.claim`),
   for its own tasks, and replays them in bounded batches (:meth:`~JournalBackend.take_replays`).
 * Attempts are counted *before* a job runs (``starts``, ``running`` set: :data:`SHARED`
   alongside other jobs, :data:`ALONE` alone). A claimed row that was running alone with
