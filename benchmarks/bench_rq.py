@@ -72,6 +72,7 @@ import time
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import zqsync
+from benchmarks import pg_journal
 from benchmarks.harness import (
     LAYOUTS,
     PAYLOAD,
@@ -306,6 +307,15 @@ def zqsync_variants(worker: WorkerProcess, settings: Settings, callers: int) -> 
 
 
 @contextlib.contextmanager
+def postgresql_variant(settings: Settings, layout: str, callers: int) -> Iterator[Variant]:
+    """``zqsync confirmed`` to a worker whose journal is PostgreSQL (``benchmarks/pg_journal.py``),
+    placed like the SQLite one."""
+    with pg_journal.running_worker() as worker, placed(worker, layout), \
+            contextlib.closing(zqsync.Client(worker.endpoint, pool_size=None if callers == 1 else callers)) as client:
+        yield confirmed_variant(client, settings, WorkerIdle(worker))
+
+
+@contextlib.contextmanager
 def rq_variant(server: RedisServer, settings: Settings) -> Iterator[Variant]:
     """``Queue.enqueue(echo, payload)`` to ``server``; the queue is checked and emptied after each batch."""
     import redis
@@ -400,6 +410,8 @@ def measure_mode(settings: Settings, layout: str, callers: int) -> list[Row]:
         variants = stack.enter_context(zqsync_variants(worker, settings, callers))
         for name, server in servers.items():
             variants[name] = stack.enter_context(rq_variant(server, settings))
+        if pg_journal.unavailable() is None:
+            variants[pg_journal.NAME] = stack.enter_context(postgresql_variant(settings, layout, callers))
         throughput, cpu = measure(variants, settings, callers, mode, worker.pid)
         retries = {name: variant.retries() for name, variant in variants.items() if variant.retries}
     return throughput_rows(mode, throughput, skipped) + cpu_rows(mode, cpu) + retry_rows(mode, retries)
@@ -466,12 +478,23 @@ def throughput_rows(mode: str, throughput: dict[str, list[float]], skipped: Opti
             value = statistics.median(throughput[top]) / statistics.median(throughput[bottom])
             rows.append(Row(mode, f"{measure_name} (medians)", value, "x", rounds=per_round) if goal is None
                         else checked(mode, f"{measure_name} (medians)", value, "x", ">=", goal, rounds=per_round))
+    rows.append(postgresql_ratio(mode, throughput))
     if "zqsync call" in throughput:
         per_round = [a / b for a, b in zip(throughput["zqsync confirmed"], throughput["zqsync call"])]
         value = statistics.median(throughput["zqsync confirmed"]) / statistics.median(throughput["zqsync call"])
         rows.append(checked(mode, "zqsync confirmed / zqsync call throughput (medians)", value, "x", ">=",
                             MIN_CONFIRMED_OVER_CALL, rounds=per_round))
     return rows
+
+
+def postgresql_ratio(mode: str, throughput: dict[str, list[float]]) -> Row:
+    """The PostgreSQL journal's confirmed throughput over the SQLite journal's, or a skipped row saying why."""
+    name, skipped = f"{pg_journal.NAME} / zqsync confirmed (SQLite journal) throughput", pg_journal.unavailable()
+    if skipped:
+        return Row(mode, f"{name}: {skipped}", None, "x", target=f">= {pg_journal.MIN_RATIO:g}")
+    ours, sqlite = throughput[pg_journal.NAME], throughput["zqsync confirmed"]
+    return checked(mode, f"{name} (medians)", statistics.median(ours) / statistics.median(sqlite), "x", ">=",
+                   pg_journal.MIN_RATIO, rounds=[a / b for a, b in zip(ours, sqlite)])
 
 
 # -- modes --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import cpu_load
+from tests import cpu_load, pgserver
 from tests.helpers import slack
 
 #: True in the tox env that monkey-patches before pytest starts.
@@ -71,3 +71,22 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="zq-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator["pgserver.Server"]:
+    """A real PostgreSQL server for this test process (``tests/pgserver.py``); skips with the reason without one."""
+    reason = pgserver.unavailable()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL: {reason}")
+    server = pgserver.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: "pgserver.Server") -> Iterator[str]:
+    """The URL of a new, empty database on :func:`pg_server`, dropped after the test."""
+    url = pg_server.database()
+    yield url
+    pg_server.drop(url)

@@ -152,6 +152,10 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
     worker.add_argument("--state-dir", metavar="DIR",
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")
+    worker.add_argument("--journal", metavar="URL",
+                        help="the journal's URL: sqlite:///PATH (the same as --state-dir PATH) or "
+                        "postgresql://USER@HOST:PORT/DB, one database shared by every worker of a fleet, "
+                        "whose workers take over the jobs of a worker that is gone (needs zqsync[postgresql])")
     worker.add_argument("--journal-sync", choices=["normal", "full"], default="normal",
                         help="SQLite synchronous level: 'normal' survives any process kill, but a power loss or "
                         "kernel crash may lose the last acknowledged jobs; 'full' also survives power loss, "
@@ -164,6 +168,10 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
     worker.add_argument("--journal-busy-timeout", type=_seconds, default=settings.JOURNAL_BUSY_TIMEOUT, metavar="SECONDS",
                         help="how long a journal write waits for another process's lock before it fails, "
                         "is logged and retried (default: 30)")
+    worker.add_argument("--journal-lease", type=_seconds, default=settings.JOURNAL_LEASE, metavar="SECONDS",
+                        help="PostgreSQL journal: how long this process's ownership of its jobs lasts unless "
+                        "renewed (every third of it); once it expires (host or network gone), other workers "
+                        "take its pending and running jobs over (default: 10)")
     worker.add_argument("--curve-secret-key", metavar="FILE",
                         help="this worker's secret key (NAME.key_secret from 'zqsync keygen'): accept only CURVE "
                         "clients listed in --allow-client-keys; traffic is encrypted")
@@ -208,7 +216,9 @@ def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("action", nargs="?", choices=["list", "requeue", "purge", "cancel", "recover"], default="list")
     jobs.add_argument("ids", nargs="*", metavar="ID", help="job ids to requeue or cancel")
     jobs.add_argument("--state-dir", metavar="DIR", help="the worker's --state-dir (needed except for cancel "
-                      "with --endpoint)")
+                      "with --endpoint, or with --journal)")
+    jobs.add_argument("--journal", metavar="URL", help="the workers' --journal URL instead (sqlite:///PATH or "
+                      "postgresql://USER@HOST:PORT/DB: the whole fleet's jobs)")
     jobs.add_argument("--endpoint", action="append", dest="endpoints", metavar="ENDPOINT",
                       help="cancel: a worker base endpoint (tcp://HOST:PORT) to ask over rpc; repeat for several")
     jobs.add_argument("--state", action="append", choices=["pending", "dead", "done", "cancelled"],
@@ -469,18 +479,16 @@ def _run_supervisor(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """``zqsync jobs``: list, requeue, purge or cancel a journal's jobs; returns the exit status."""
-    from .worker.journal import Journal, journal_path
+    from .worker.journal_api import open_journal
 
     if args.action == "cancel" and args.endpoints:
         return _cancel_remote(args)
-    if args.state_dir is None:
-        raise SystemExit(f"zqsync jobs {args.action}: needs --state-dir DIR"
-                         + (" or --endpoint ENDPOINT" if args.action == "cancel" else ""))
-    if not os.path.exists(journal_path(args.state_dir)):
-        raise SystemExit(f"zqsync jobs: no journal in {args.state_dir!r} (is it the worker's --state-dir?)")
+    kind, target = _jobs_journal(args)
     if args.action == "recover":
-        return _recover(args.state_dir)
-    journal = Journal(args.state_dir)
+        if kind != "sqlite":
+            raise SystemExit("zqsync jobs recover: only a SQLite journal is recovered (PostgreSQL has its own tools)")
+        return _recover(target)
+    journal = open_journal(f"sqlite:///{target}" if kind == "sqlite" else target)
     try:
         if args.action == "requeue":
             return _requeue(journal, args)
@@ -503,6 +511,24 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
     print("totals: " + ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) if counts else "totals: none")
     return 0
+
+
+def _jobs_journal(args: argparse.Namespace) -> tuple[str, str]:
+    """The journal ``zqsync jobs`` acts on: ``("sqlite", state dir)`` or ``("postgresql", URL)``."""
+    from .errors import ConfigurationError
+    from .worker.journal import journal_path
+    from .worker.journal_api import parse_journal_url
+
+    if args.state_dir is None and args.journal is None:
+        raise SystemExit(f"zqsync jobs {args.action}: needs --state-dir DIR or --journal URL"
+                         + (" or --endpoint ENDPOINT" if args.action == "cancel" else ""))
+    try:
+        kind, target = parse_journal_url(args.journal) if args.journal else ("sqlite", args.state_dir)
+    except ConfigurationError as exc:
+        raise SystemExit(f"zqsync jobs: --journal: {exc}") from None
+    if kind == "sqlite" and not os.path.exists(journal_path(target)):
+        raise SystemExit(f"zqsync jobs: no journal in {target!r} (is it the worker's --state-dir?)")
+    return kind, target
 
 
 def _job_json(row: Any) -> dict[str, Any]:

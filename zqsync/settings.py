@@ -86,6 +86,8 @@ BIND = "tcp://127.0.0.1:5555"
 WORKER_HWM = 1000
 JOURNAL_SYNC = "NORMAL"
 JOURNAL_BUSY_TIMEOUT = 30.0
+#: Seconds a worker's ownership of its PostgreSQL journal rows lasts unless renewed (``journal_pg.py``).
+JOURNAL_LEASE = 10.0
 KEEP_DONE = 3600.0
 KEEP_DEAD = 7 * 86400.0
 HARD_GRACE = 5.0
@@ -243,6 +245,15 @@ def _journal_sync(name: str, value: Any) -> str:
     return text
 
 
+def _journal(name: str, value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    from .worker.journal_api import parse_journal_url
+
+    parse_journal_url(value, setting=name)
+    return str(value).strip()
+
+
 def _bind(name: str, value: Any) -> str:
     parse_endpoint(value, allow_zero=True)
     return str(value).strip()
@@ -306,9 +317,14 @@ class WorkerSettings:
     :ivar graceful_timeout: seconds a warm shutdown waits for in-flight tasks.
     :ivar hwm: receive high-water mark of the jobs and rpc sockets, messages.
     :ivar max_message_size: bytes; larger frames are refused by ZeroMQ (``ZMQ_MAXMSGSIZE``).
-    :ivar state_dir: directory of the journal of confirmed jobs; ``None`` refuses confirmed jobs.
+    :ivar state_dir: directory of the SQLite journal of confirmed jobs; ``None`` (and no ``journal``)
+        refuses confirmed jobs.
+    :ivar journal: the journal's URL: ``sqlite:///PATH`` (the same as ``state_dir=PATH``) or
+        ``postgresql://USER@HOST:PORT/DB`` (one database shared by a fleet); see :attr:`journal_url`.
     :ivar journal_sync: SQLite ``synchronous``, ``"NORMAL"`` or ``"FULL"``.
     :ivar journal_busy_timeout: seconds to wait for another process's journal write lock.
+    :ivar journal_lease: seconds a worker process's lease on its PostgreSQL journal rows lasts unless
+        renewed (every third of it); once it expires, other workers take its jobs over.
     :ivar keep_done: seconds ``done`` rows stay journaled (duplicate detection, results).
     :ivar keep_dead: seconds dead-lettered rows stay journaled.
     :ivar hard_grace: seconds past a task's time limit before a blocked worker process ends (``watchdog.py``).
@@ -332,8 +348,10 @@ class WorkerSettings:
     hwm: int = WORKER_HWM
     max_message_size: int = MAX_MESSAGE_SIZE
     state_dir: Optional[str] = None
+    journal: Optional[str] = None
     journal_sync: str = JOURNAL_SYNC
     journal_busy_timeout: float = JOURNAL_BUSY_TIMEOUT
+    journal_lease: float = JOURNAL_LEASE
     keep_done: float = KEEP_DONE
     keep_dead: float = KEEP_DEAD
     hard_grace: float = HARD_GRACE
@@ -351,8 +369,10 @@ class WorkerSettings:
         "hwm": lambda n, v: _positive_int(n, v, 0),
         "max_message_size": _positive_int,
         "state_dir": _optional_path,
+        "journal": _journal,
         "journal_sync": _journal_sync,
         "journal_busy_timeout": _seconds,
+        "journal_lease": _deadline,
         "keep_done": _seconds,
         "keep_dead": _seconds,
         "hard_grace": _deadline,
@@ -367,6 +387,9 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         for field, check in self._CHECKS.items():
             object.__setattr__(self, field, check(field, getattr(self, field)))  # type: ignore[operator]
+        if self.state_dir and self.journal and self.journal_url != f"sqlite:///{self.state_dir}":
+            raise ConfigurationError(f"give the journal once: --state-dir {self.state_dir} or --journal {self.journal}",
+                                     setting="journal")
         if bool(self.curve_secret_key) != bool(self.allow_client_keys):
             raise ConfigurationError("CURVE needs both a secret key and a directory of allowed client keys",
                                      setting="curve_secret_key")
@@ -375,6 +398,13 @@ class WorkerSettings:
     def keepalive(self) -> tuple[float, float]:
         """``(keepalive_idle, keepalive_interval)``, seconds."""
         return self.keepalive_idle, self.keepalive_interval
+
+    @property
+    def journal_url(self) -> Optional[str]:
+        """The journal's URL (``journal``, or ``sqlite:///STATE_DIR``), or ``None``: no journal."""
+        if self.journal:
+            return self.journal
+        return f"sqlite:///{self.state_dir}" if self.state_dir else None
 
     def replace(self, **overrides: Any) -> "WorkerSettings":
         """A copy with ``overrides`` (field names; ``None`` keeps a field), checked again.

@@ -184,7 +184,8 @@ def test_an_admin_call_refused_by_a_worker_without_a_journal_names_its_error_onc
     worker = zq_worker(TASKS)
     with zqsync.Client(worker.endpoint) as client, pytest.raises(zqsync.NoJournal) as refused:
         client.call("zqsync.jobs", "dead", 0, 10)
-    assert str(refused.value).splitlines()[0] == "NoJournal: this worker keeps no journal: start it with --state-dir DIR"
+    assert str(refused.value).splitlines()[0] == (
+        "NoJournal: this worker keeps no journal: start it with --state-dir DIR or --journal URL")
 
 
 # -- results that cannot go back over the wire ----------------------------------------------------

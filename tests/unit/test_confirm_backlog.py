@@ -46,7 +46,7 @@ def test_acknowledgements_past_the_backlog_bound_wait_for_a_free_place(tmp_path)
     slots = gevent.pool.Pool(1)
     gate = gevent.event.Event()
     slots.spawn(gate.wait)  # the only task slot is busy: jobs stay in the backlog
-    scheduler = build_scheduler(Runner(registry), slots, str(tmp_path), max_backlog=2, replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", max_backlog=2, replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
     keys = [f"job-{index}" for index in range(5)]
@@ -92,7 +92,7 @@ def test_a_job_with_a_free_slot_costs_two_journal_operations_and_one_waiting_for
 
     monkeypatch.setattr(Journal, "write_all", counting)
     slots = gevent.pool.Pool(1)
-    scheduler = build_scheduler(Runner(registry), slots, str(tmp_path), replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
     try:
@@ -124,7 +124,7 @@ def gated(key: str) -> None:
 def test_a_job_that_yields_hands_dispatching_over_so_later_jobs_start_beside_it(tmp_path):
     RAN.clear()
     GATE.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(3), str(tmp_path), replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(3), f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
     try:
@@ -151,7 +151,7 @@ def _row(state_dir: str, job_id: str) -> tuple:
 def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_plain_pending_rows(tmp_path):
     RAN.clear()
     slots = gevent.pool.Pool(2)
-    scheduler = build_scheduler(Runner(registry), slots, str(tmp_path), replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
     gate = gevent.event.Event()
@@ -173,7 +173,7 @@ def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_p
 @pytest.mark.timeout(60)
 def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_sequential_confirmed_jobs(tmp_path):
     RAN.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), str(tmp_path), replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
     writer = scheduler._commits._writer
     fires: list[float] = []  # monotonic seconds of each real timer callback
     wake = writer._wake_for_deferred

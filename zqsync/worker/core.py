@@ -91,8 +91,8 @@ class Core:
         self.runner.counters["confirms_shed"] = 0
         self.runner.counters["fd_exhausted"] = 0  # server.py's looks that found this process out of descriptors
         self.scheduler = build_scheduler(
-            self.runner, self._slots, self.settings.state_dir, synchronous=self.settings.journal_sync,
-            busy_timeout=self.settings.journal_busy_timeout, keep_done=self.settings.keep_done,
+            self.runner, self._slots, self.settings.journal_url, synchronous=self.settings.journal_sync,
+            busy_timeout=self.settings.journal_busy_timeout, lease=self.settings.journal_lease, keep_done=self.settings.keep_done,
             keep_dead=self.settings.keep_dead,
         )
         self.runner.builtins.update(self.scheduler.book.builtins())

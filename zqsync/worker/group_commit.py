@@ -6,7 +6,7 @@ scheduler's batch callback), ``start`` (an attempt to count before it runs)
 and ``flush`` (wait until what was recorded before it is committed), each
 waited for; ``record`` (an attempt's outcome), deferred to the next batch;
 and ``stop``. The thread commits every operation of a batch in one SQLite
-transaction (group commit) and posts the answers back to the hub.
+transaction (group commit: one SQLite or PostgreSQL transaction) and posts the answers back to the hub.
 
 A failed write is loud and never drops an outcome: the outcomes are kept
 and retried with backoff, waiting operations get the error, the journal is
@@ -22,7 +22,8 @@ from typing import Any, Callable, Optional
 
 import gevent.event
 
-from .journal import Journal, JournalGone, Outcome
+from .journal import JournalGone
+from .journal_api import JournalBackend, Outcome
 from .journal_writer import WriterThread
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class GroupCommit:
     :param answer_batch: the scheduler's callback for each batch (:data:`AnswerBatch`).
     """
 
-    def __init__(self, journal: Journal, counters: dict[str, int], answer_batch: AnswerBatch) -> None:
+    def __init__(self, journal: JournalBackend, counters: dict[str, int], answer_batch: AnswerBatch) -> None:
         self.journal = journal
         self._counters = counters
         self._answer_batch = answer_batch
@@ -77,7 +78,7 @@ class GroupCommit:
         """Queue one operation and block the calling greenlet until its batch committed.
 
         :returns: for a ``start``, whether the attempt may run (its row is still pending).
-        :raises sqlite3.Error, JournalGone: the batch could not be written.
+        :raises sqlite3.Error, psycopg.Error, JournalGone: the batch could not be written.
         """
         result = gevent.event.AsyncResult()
         self.put(op, item, result)

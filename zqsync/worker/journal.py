@@ -1,4 +1,6 @@
-"""The journal of confirmed jobs: SQLite through the standard ``sqlite3`` module, in WAL mode.
+"""The SQLite journal of confirmed jobs (the default), through the standard ``sqlite3`` module, in WAL mode.
+
+The rules every journal keeps, and the types, are in ``journal_api.py``; this module re-exports them.
 
 One file (``STATE_DIR/journal.sqlite3``) is shared by every process of a
 worker. A row is written, and committed, before the job is acknowledged;
@@ -19,7 +21,7 @@ do not outlive their process. A pending row whose owner's lock can be taken
 (or has no owner: requeued, or journaled by an older version) is an orphan,
 and a live worker that has the row's task claims it.
 
-Attempts are counted *before* a job runs (:meth:`Journal.write`, ``starts``),
+Attempts are counted *before* a job runs (:meth:`SqliteJournal.write_all`, ``starts``),
 with ``running`` set (1: alongside other jobs, 2: alone). A row left
 ``running`` by a dead owner is a suspect: the job may have killed its
 process. It is replayed after its backoff, alone; one that died running
@@ -36,7 +38,6 @@ was already running elsewhere.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import secrets
@@ -44,10 +45,14 @@ import socket
 import sqlite3
 import time
 import weakref
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from .._common import native_lock
 from ..errors import ConfigurationError
+from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, JournalBackend, NewJob, Outcome, Row, Start
+
+__all__ = ["ALONE", "CANCELLED", "DIED", "SHARED", "Claim", "Journal", "JournalGone", "NewJob", "Outcome", "Row",
+           "SqliteJournal", "Start", "journal_path", "recover"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -79,85 +84,10 @@ CREATE INDEX IF NOT EXISTS jobs_by_state_owner_token ON jobs (state, owner);
 CREATE INDEX IF NOT EXISTS jobs_to_replay ON jobs (owner, replay, next_at) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_at);
 """
-FIELDS = ("id", "task", "body", "state", "attempts", "next_at", "owner", "error", "created_at", "updated_at",
-          "running", "retries", "result", "started_at", "finished_at")
 SELECT = f"SELECT {', '.join(FIELDS)} FROM jobs"
 
 FILENAME = "journal.sqlite3"
 OWNERS = "owners"
-#: The dead-letter reason of a job whose process died while it ran alone, retries exhausted.
-DIED = "worker died while running it"
-#: The error of a job cancelled before an attempt started.
-CANCELLED = "JobCancelled: the job was cancelled before it ran"
-#: ``running`` values.
-SHARED, ALONE = 1, 2
-
-
-class Row(NamedTuple):
-    """One journaled job. ``body`` is the original request frame (msgpack bytes)."""
-
-    id: str
-    task: str
-    body: bytes
-    state: str
-    attempts: int
-    next_at: float
-    owner: Optional[str]
-    error: Optional[str]
-    created_at: float
-    updated_at: float
-    running: int
-    retries: int
-    result: Optional[bytes] = None
-    started_at: Optional[float] = None
-    finished_at: Optional[float] = None
-
-
-class NewJob(NamedTuple):
-    """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job.
-
-    ``retry_at`` above 0 counts its first attempt in the insert itself, as a :class:`Start` would
-    (``running`` :data:`SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
-    committed, so it needs no transaction of its own to count that attempt. A row that already
-    exists is left as it is.
-    """
-
-    id: str
-    task: str
-    body: bytes
-    retries: int
-    due: float = 0.0
-    retry_at: float = 0.0
-
-
-class Outcome(NamedTuple):
-    """What became of one attempt: the new ``state``, ``attempts``, ``next_at`` and ``error``."""
-
-    id: str
-    state: str
-    attempts: int
-    next_at: float
-    error: Optional[str]
-    result: Optional[bytes] = None
-
-
-class Start(NamedTuple):
-    """An attempt about to start: counted first. ``running`` is :data:`SHARED` or :data:`ALONE`;
-    ``retry_at`` is when to retry it should its process die meanwhile (epoch seconds)."""
-
-    id: str
-    running: int
-    retry_at: float
-
-
-@dataclasses.dataclass
-class Claim:
-    """What one :meth:`Journal.claim` did: rows taken over, rows dead-lettered as :data:`DIED`
-    (their ids), and orphans left alone because their task is not ours (``{task: rows}``)."""
-
-    claimed: int = 0
-    died: list[str] = dataclasses.field(default_factory=list)
-    foreign: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class JournalGone(sqlite3.DatabaseError):
@@ -174,8 +104,8 @@ def _file_id(path: str) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-class Journal:
-    """A connection to the journal in ``state_dir`` (created, with the directory, if missing).
+class SqliteJournal(JournalBackend):
+    """A connection to the SQLite journal in ``state_dir`` (created, with the directory, if missing).
 
     :param state_dir: directory of the journal file.
     :param synchronous: SQLite ``PRAGMA synchronous``: ``"NORMAL"`` or ``"FULL"``.
@@ -293,13 +223,20 @@ class Journal:
         if not same:
             raise JournalGone(f"journal file {self.path} was replaced by another file since the worker opened it")
 
+    def repair_hint(self, exc: BaseException) -> str:
+        """For a damaged file (``database disk image is malformed``): how to recover it."""
+        if not isinstance(exc, sqlite3.DatabaseError) or "malformed" not in str(exc):
+            return ""
+        return (f" (the journal file is damaged: stop the worker and run `zqsync jobs recover --state-dir "
+                f"{self.state_dir}`, which keeps every readable job)")
+
     # -- writes ------------------------------------------------------------
 
     def probe(self) -> None:
         """Whether the journal can be written again: :meth:`check_file`, and one row of this owner's
         written to the ``probes`` table and committed (an empty transaction would succeed on a full disk).
 
-        :raises JournalGone, sqlite3.Error: as :meth:`write`.
+        :raises JournalGone, sqlite3.Error: as :meth:`write_all`.
         """
         def work(db: sqlite3.Connection) -> None:
             self.check_file()
@@ -307,28 +244,14 @@ class Journal:
 
         self._transaction(work)
 
-    def write(
-        self,
-        jobs: Iterable[tuple[Any, ...]] = (),
-        outcomes: Iterable[Outcome] = (),
-        starts: Iterable[Start] = (),
-    ) -> list[Optional[str]]:
-        """In one transaction (group commit): store attempt outcomes, count attempts about to start, and
-        journal new jobs (:class:`NewJob` fields), owned by this connection's token.
-
-        Before committing new jobs it checks the file is still the one opened.
-
-        :returns: per job, ``None`` if it is new, else the state of the row already journaled under its id.
-        :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
-        :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
-        """
-        return self.write_all(jobs, outcomes, starts)[0]
-
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """:meth:`write`, also returning the ids of ``starts`` refused because their row is no longer
-        pending (cancelled meanwhile): those attempts must not run."""
+        """:meth:`JournalBackend.write_all`; before committing new jobs it checks the file is still the one opened.
+
+        :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
+        :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
+        """
         now = time.time()
         new = [NewJob(*job) for job in jobs]
 
@@ -479,10 +402,6 @@ class Journal:
         return self._transaction(lambda db: db.execute(
             f"DELETE FROM jobs WHERE state IN ({marks}) AND updated_at < ?", (*wanted, cutoff)).rowcount)
 
-    def prune(self, older_than: float) -> int:
-        """Delete ``done`` rows last updated more than ``older_than`` seconds ago; returns how many."""
-        return self.purge(("done",), older_than)
-
     def close(self) -> None:
         """Close the connection and give up ownership (its lock file is removed: no rows are left to it
         unless a stop left pending ones, which any live worker then claims)."""
@@ -495,6 +414,10 @@ class Journal:
                 pass
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+#: The name the SQLite journal had before the PostgreSQL one existed.
+Journal = SqliteJournal
 
 
 def _lock_held(path: str) -> bool:
@@ -551,7 +474,7 @@ def recover(state_dir: str) -> tuple[int, str]:
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(path + suffix):
             os.replace(path + suffix, aside + suffix)
-    journal = Journal(state_dir)
+    journal = SqliteJournal(state_dir)
     insert = f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
     try:
         journal._transaction(lambda db: db.executemany(insert, rows))
@@ -560,7 +483,7 @@ def recover(state_dir: str) -> tuple[int, str]:
     return len(rows), aside
 
 
-def _forget_lock(journal: "weakref.ReferenceType[Journal]") -> Callable[[], None]:
+def _forget_lock(journal: "weakref.ReferenceType[SqliteJournal]") -> Callable[[], None]:
     def forget() -> None:
         alive = journal()
         if alive is not None and alive._lock_fd is not None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import sqlite3
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -49,7 +48,7 @@ from ..errors import ProtocolError
 from ..wire import envelope
 from .group_commit import GroupCommit, retry_delay
 from .inline import run_inline
-from .journal import ALONE, DIED, SHARED, Journal, NewJob, Outcome, Row, Start
+from .journal_api import ALONE, DIED, SHARED, JournalBackend, NewJob, Outcome, Row, Start, open_journal
 from .registry import Task
 from .runner import ErrorInfo, Runner, unsendable
 from .status import Cancelled, JobBook
@@ -83,15 +82,17 @@ class Confirm(NamedTuple):
 
 
 def build_scheduler(
-    runner: Runner, slots: gevent.pool.Pool, state_dir: Optional[str], *, synchronous: str = "NORMAL",
-    busy_timeout: float = 30.0, **options: Any,
+    runner: Runner, slots: gevent.pool.Pool, journal_url: Optional[str], *, synchronous: str = "NORMAL",
+    busy_timeout: float = 30.0, lease: float = settings.JOURNAL_LEASE, **options: Any,
 ) -> "JobScheduler":
-    """A scheduler with the journal in ``state_dir`` (opened and registered as a live owner), or
-    without one if ``state_dir`` is ``None``. ``options`` go to :class:`JobScheduler`.
+    """A scheduler with the journal at ``journal_url`` (``journal_api.open_journal``; opened and
+    registered as a live owner), or without one if ``journal_url`` is ``None``. ``options`` go to
+    :class:`JobScheduler`.
 
-    :raises sqlite3.Error, OSError: the journal cannot be opened.
+    :raises ConfigurationError: a bad URL. :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
     """
-    journal = Journal(state_dir, synchronous=synchronous, busy_timeout=busy_timeout) if state_dir else None
+    journal = (open_journal(journal_url, synchronous=synchronous, busy_timeout=busy_timeout, lease=lease)
+               if journal_url else None)
     if journal is not None:
         journal.register()
     return JobScheduler(runner, slots, journal=journal, **options)
@@ -115,7 +116,7 @@ class JobScheduler:
         runner: Runner,
         slots: gevent.pool.Pool,
         *,
-        journal: Optional[Journal] = None,
+        journal: Optional[JournalBackend] = None,
         keep_done: float = settings.KEEP_DONE,
         keep_dead: float = settings.KEEP_DEAD,
         replay_interval: float = 0.5,
@@ -448,7 +449,7 @@ class JobScheduler:
         """Block the calling greenlet until every outcome recorded so far is committed (outcomes go to the
         journal a moment after their attempt ends, with the next group commit).
 
-        :raises sqlite3.Error, JournalGone: the journal could not be written (the outcomes are kept to retry).
+        :raises sqlite3.Error, psycopg.Error, JournalGone: the journal could not be written (the outcomes are kept to retry).
         """
         if self._commits is not None:
             self._commits.wait("flush", None)
@@ -469,7 +470,7 @@ class JobScheduler:
                 self.runner.counters["journal_errors"] += 1
                 delay = retry_delay(failures, self.replay_interval)
                 log.error("journal replay failed (%d in a row), retrying in %.1f s: %s: %s%s",
-                          failures, delay, type(exc).__name__, exc, _repair_hint(exc, self.journal))
+                          failures, delay, type(exc).__name__, exc, self.journal.repair_hint(exc) if self.journal else "")
                 gevent.sleep(delay)
                 continue
             failures = 0
@@ -536,11 +537,3 @@ def _describe(error: ErrorInfo) -> str:
 
 
 __all__ = ["Job", "JobScheduler", "build_scheduler"]
-
-
-def _repair_hint(exc: Exception, journal: Optional[Journal]) -> str:
-    """What an operator can do about a damaged journal file (``exc`` from SQLite); empty otherwise."""
-    if not isinstance(exc, sqlite3.DatabaseError) or "malformed" not in str(exc):
-        return ""
-    return (f" (the journal file is damaged: stop the worker and run `zqsync jobs recover --state-dir "
-            f"{journal.state_dir if journal is not None else 'DIR'}`, which keeps every readable job)")

@@ -29,7 +29,7 @@ import gevent.event
 
 from ..errors import NoJournal, ProtocolError
 from ..wire import envelope
-from .journal import CANCELLED, Journal, Row
+from .journal_api import CANCELLED, JournalBackend, Row
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class JobBook:
     :param flush: blocks until the outcomes recorded so far are in the journal (the scheduler's).
     """
 
-    def __init__(self, journal: Optional[Journal], keep_done: float,
+    def __init__(self, journal: Optional[JournalBackend], keep_done: float,
                  flush: Callable[[], None] = lambda: None) -> None:
         self.journal = journal
         self.flush = flush
@@ -281,9 +281,9 @@ class JobBook:
 
     # -- helpers -------------------------------------------------------------
 
-    def _journal(self) -> Journal:
+    def _journal(self) -> JournalBackend:
         if self.journal is None:
-            raise NoJournal("NoJournal", "this worker keeps no journal: start it with --state-dir DIR")
+            raise NoJournal("NoJournal", "this worker keeps no journal: start it with --state-dir DIR or --journal URL")
         return self.journal
 
     def _row(self, job_id: str) -> Optional[Row]:

@@ -1,0 +1,282 @@
+"""What the worker needs of a journal of confirmed jobs, and how a journal is chosen by URL.
+
+Two implementations keep the same rows with the same rules:
+
+* ``sqlite:///PATH`` (``journal.py``, the default, ``--state-dir PATH``): one
+  SQLite file shared by the processes of one worker host;
+* ``postgresql://USER@HOST:PORT/DB`` (``journal_pg.py``): one database shared by
+  a fleet of workers on any number of hosts.
+
+The rules both keep (``tests/contract/test_journal_contract.py`` checks them on both):
+
+* A job's ``id`` is unique in the journal: a second insert of it is refused and
+  answered with the state of the row already there (a duplicate).
+* Rows belong to an **owner token**, one per worker process and boot
+  (:meth:`JournalBackend.register`); an owner is alive while its process holds
+  it (an ``flock`` for SQLite, a renewed lease for PostgreSQL). A live worker
+  claims the pending rows of owners that are gone (:meth:`~JournalBackend.claim`),
+  for its own tasks, and replays them in bounded batches (:meth:`~JournalBackend.take_replays`).
+* Attempts are counted *before* a job runs (``starts``, ``running`` set: :data:`SHARED`
+  alongside other jobs, :data:`ALONE` alone). A claimed row that was running alone with
+  ``attempts > retries`` is dead-lettered with :data:`DIED` (the poison-job rule).
+* States: ``pending`` (``next_at`` its due or retry time), ``done`` (with its ``result``),
+  ``dead`` (the dead letters), ``cancelled`` (never started again, never overwritten by the
+  outcome of an attempt already running).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib.util
+import urllib.parse
+from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+
+from ..errors import ConfigurationError
+
+#: The dead-letter reason of a job whose process died while it ran alone, retries exhausted.
+DIED = "worker died while running it"
+#: The error of a job cancelled before an attempt started.
+CANCELLED = "JobCancelled: the job was cancelled before it ran"
+#: ``running`` values.
+SHARED, ALONE = 1, 2
+#: The row states.
+STATES = ("pending", "done", "dead", "cancelled")
+
+
+class Row(NamedTuple):
+    """One journaled job. ``body`` is the original request frame (msgpack bytes); times are epoch seconds."""
+
+    id: str
+    task: str
+    body: bytes
+    state: str
+    attempts: int
+    next_at: float
+    owner: Optional[str]
+    error: Optional[str]
+    created_at: float
+    updated_at: float
+    running: int
+    retries: int
+    result: Optional[bytes] = None
+    started_at: Optional[float] = None
+    finished_at: Optional[float] = None
+
+
+FIELDS = Row._fields
+
+
+class NewJob(NamedTuple):
+    """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job.
+
+    ``retry_at`` above 0 counts its first attempt in the insert itself, as a :class:`Start` would
+    (``running`` :data:`SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
+    committed, so it needs no transaction of its own to count that attempt. A row that already
+    exists is left as it is.
+    """
+
+    id: str
+    task: str
+    body: bytes
+    retries: int
+    due: float = 0.0
+    retry_at: float = 0.0
+
+
+class Outcome(NamedTuple):
+    """What became of one attempt: the new ``state``, ``attempts``, ``next_at`` and ``error``."""
+
+    id: str
+    state: str
+    attempts: int
+    next_at: float
+    error: Optional[str]
+    result: Optional[bytes] = None
+
+
+class Start(NamedTuple):
+    """An attempt about to start: counted first. ``running`` is :data:`SHARED` or :data:`ALONE`;
+    ``retry_at`` is when to retry it should its process die meanwhile (epoch seconds)."""
+
+    id: str
+    running: int
+    retry_at: float
+
+
+@dataclasses.dataclass
+class Claim:
+    """What one :meth:`JournalBackend.claim` did: rows taken over, rows dead-lettered as :data:`DIED`
+    (their ids), and orphans left alone because their task is not ours (``{task: rows}``)."""
+
+    claimed: int = 0
+    died: list[str] = dataclasses.field(default_factory=list)
+    foreign: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+class JournalBackend(abc.ABC):
+    """A connection to a journal. Every method blocks (a gevent worker calls them from native
+    threads: its writer thread and its thread pool, more than one at a time) and raises the
+    backend's database error (``sqlite3.Error``, ``psycopg.Error``) when the journal cannot be
+    read or written; nothing is committed then. A connection owns no rows until :meth:`register`
+    (``zqsync jobs`` never registers)."""
+
+    #: This connection's owner token once registered, else ``None``.
+    token: Optional[str] = None
+
+    # -- ownership ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def register(self) -> str:
+        """Become a live owner with a new random token, held until :meth:`close` or the process's
+        death; returns the token. A process forked from this one does not inherit it."""
+
+    @abc.abstractmethod
+    def owner_alive(self, token: Optional[str]) -> bool:
+        """Whether the owner ``token`` is alive (``None``, no owner, is not)."""
+
+    @abc.abstractmethod
+    def sweep_owners(self) -> int:
+        """Forget owners that are gone; returns how many."""
+
+    def repair_hint(self, exc: BaseException) -> str:
+        """What an operator can do about ``exc`` from this journal (with a leading space), or ``""``."""
+        return ""
+
+    # -- writes ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def probe(self) -> None:
+        """Whether the journal can be written again: one row of this owner's written and committed
+        (an empty transaction would succeed on a full disk). Raises as :meth:`write_all`."""
+
+    @abc.abstractmethod
+    def write_all(
+        self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
+    ) -> tuple[list[Optional[str]], set[str]]:
+        """In one transaction (group commit), in this order: store attempt ``outcomes`` (not over a
+        ``cancelled`` row), count the ``starts`` (attempts + 1, ``running`` and ``next_at`` set), and
+        journal new ``jobs`` (:class:`NewJob` fields), owned by this connection's token.
+
+        :returns: per job, ``None`` if it is new, else the state of the row already journaled under
+            its id; and the ids of ``starts`` refused because their row is no longer pending
+            (cancelled meanwhile): those attempts must not run.
+        """
+
+    def write(
+        self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
+    ) -> list[Optional[str]]:
+        """:meth:`write_all`, returning only the per-job answers."""
+        return self.write_all(jobs, outcomes, starts)[0]
+
+    @abc.abstractmethod
+    def claim(self, tasks: Sequence[str]) -> Claim:
+        """Take over the pending rows of owners that are gone (or of none) whose task is in ``tasks``;
+        they are marked for replay (:meth:`take_replays`). Those that died running alone with
+        ``attempts > retries`` are dead-lettered (:data:`DIED`) instead. Needs :meth:`register`."""
+
+    @abc.abstractmethod
+    def take_replays(self, limit: int) -> list[Row]:
+        """At most ``limit`` of this owner's claimed rows that are due, unsuspected ones first, then by
+        ``next_at``; each is handed out once (its replay mark is cleared in the same transaction)."""
+
+    # -- operators -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
+             limit: int = 1000, offset: int = 0) -> list[Row]:
+        """Jobs in ``states`` (or with one of ``ids``, any state), oldest first (by ``created_at``,
+        then ``id``), at most ``limit`` after skipping ``offset``."""
+
+    @abc.abstractmethod
+    def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
+        """Every job in ``states``, oldest first, read ``batch`` rows at a time."""
+
+    @abc.abstractmethod
+    def counts(self) -> dict[str, int]:
+        """Number of jobs per state (states without jobs are left out)."""
+
+    @abc.abstractmethod
+    def cancel(self, job_id: str) -> bool:
+        """Mark a pending (or delayed, or waiting for a retry) job ``cancelled``, so that it never starts
+        again; returns whether it did. A job running under a live owner is left alone (only its process
+        can interrupt it): this returns ``False`` for it."""
+
+    @abc.abstractmethod
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
+        """Make ``ids`` (or every dead job) pending again, unowned, attempts reset: a live worker with
+        the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
+
+    @abc.abstractmethod
+    def purge(self, states: Iterable[str], older_than: float) -> int:
+        """Delete rows in ``states`` (never ``pending``) last updated more than ``older_than`` seconds
+        ago; returns how many."""
+
+    def prune(self, older_than: float) -> int:
+        """Delete ``done`` rows last updated more than ``older_than`` seconds ago; returns how many."""
+        return self.purge(("done",), older_than)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection and give up ownership: pending rows left to it are claimed by any
+        live worker at once."""
+
+
+class JournalURL(NamedTuple):
+    """A parsed journal URL: ``kind`` is ``"sqlite"`` (``target`` the state directory) or
+    ``"postgresql"`` (``target`` the libpq connection URL)."""
+
+    kind: str
+    target: str
+
+
+def parse_journal_url(url: str, setting: str = "journal") -> JournalURL:
+    """Parse ``sqlite:///PATH`` (PATH is everything after the third slash: ``sqlite:////var/lib/zqsync``
+    is absolute, ``sqlite:///state`` relative) or ``postgresql://USER@HOST:PORT/DB`` (``postgres://``
+    too; any libpq URL parameter may follow).
+
+    :raises ConfigurationError: anything else, naming ``setting``.
+    """
+    text = str(url).strip()
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme == "sqlite":
+        path = text[len("sqlite:///"):] if text.startswith("sqlite:///") else ""
+        if not path:
+            raise ConfigurationError(f"a SQLite journal URL is sqlite:///PATH (the state directory), got {url!r}",
+                                     setting=setting)
+        return JournalURL("sqlite", path)
+    if parts.scheme in ("postgresql", "postgres"):
+        if not parts.hostname or not parts.path.strip("/"):
+            raise ConfigurationError(f"a PostgreSQL journal URL is postgresql://USER@HOST:PORT/DB, got {url!r}",
+                                     setting=setting)
+        try:
+            _ = parts.port
+        except ValueError:
+            raise ConfigurationError(f"the port of journal URL {url!r} is not a number", setting=setting) from None
+        return JournalURL("postgresql", text)
+    raise ConfigurationError(f"a journal is sqlite:///PATH or postgresql://USER@HOST:PORT/DB, got {url!r}",
+                             setting=setting)
+
+
+def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0,
+                 lease: float = 10.0) -> JournalBackend:
+    """Open the journal at ``url`` (:func:`parse_journal_url`), creating its schema if missing.
+
+    :param synchronous: SQLite's ``synchronous`` (ignored by PostgreSQL, whose server settings decide).
+    :param busy_timeout: seconds a write waits for another's lock before it fails.
+    :param lease: PostgreSQL: seconds an owner's lease lasts unless renewed (ignored by SQLite, whose
+        owners hold an ``flock`` for as long as they live).
+    :raises ConfigurationError: a bad URL, or ``psycopg`` not installed for a PostgreSQL URL.
+    :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
+    """
+    kind, target = parse_journal_url(url)
+    if kind == "sqlite":
+        from .journal import SqliteJournal
+
+        return SqliteJournal(target, synchronous=synchronous, busy_timeout=busy_timeout)
+    if importlib.util.find_spec("psycopg") is None:
+        raise ConfigurationError("a PostgreSQL journal needs psycopg: pip install 'zqsync[postgresql]'",
+                                 setting="journal")
+    from .journal_pg import PostgresJournal
+
+    return PostgresJournal(target, busy_timeout=busy_timeout, lease=lease)

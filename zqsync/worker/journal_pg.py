@@ -1,0 +1,386 @@
+"""The PostgreSQL journal of confirmed jobs: one database shared by a fleet of workers (psycopg 3).
+
+The rows and their rules are those of every journal (``journal_api.py``), in
+one table, ``zqsync_jobs``, whose primary key is the job id: an id is unique
+fleet-wide, so a confirm that fails over to another worker is recognised as a
+duplicate there, not run twice. A row is committed before its job is
+acknowledged (group commit: the worker's writer thread commits a batch in one
+transaction, and the acknowledgements are sent after ``COMMIT``); how durable
+that commit is, is the server's ``synchronous_commit`` (``docs/operations.md``).
+
+Ownership is a **lease**: :meth:`PostgresJournal.register` inserts the process's
+owner token into ``zqsync_owners`` with ``expires_at = now() + lease`` (the
+database's clock, so the workers' clocks never matter), and a native thread
+renews it every ``lease / 3`` seconds on a connection of its own. When a lease
+expires (the process, its host or its network is gone), the other workers'
+:meth:`~PostgresJournal.claim` takes that owner's pending and running rows
+with ``FOR UPDATE SKIP LOCKED`` (two workers claiming at once take disjoint
+rows) and replays them with the same rules as the SQLite journal. A stop
+expires the lease at once, so its pending rows are taken over without waiting.
+An expired owner is forgotten (:meth:`~PostgresJournal.sweep_owners`) once it
+owns no pending row.
+
+A broken connection (the server restarted or failed over) is replaced on the
+next call; the call that saw it fails, and the worker retries it (group
+commit's backoff). Every method blocks; one lock serialises the connection
+across threads, as in the SQLite journal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import psycopg
+from gevent import monkey
+
+from .._common import native_lock
+from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, JournalBackend, NewJob, Outcome, Row, Start
+
+log = logging.getLogger(__name__)
+
+_start_thread = monkey.get_original("_thread", "start_new_thread")
+
+#: Seconds a lease lasts unless renewed (the takeover time is about this plus the replay interval).
+LEASE = 10.0
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS zqsync_jobs (
+    id TEXT COLLATE "C" PRIMARY KEY,
+    task TEXT NOT NULL,
+    body BYTEA NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    owner TEXT,
+    error TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    running SMALLINT NOT NULL DEFAULT 0,
+    replay SMALLINT NOT NULL DEFAULT 0,
+    retries INTEGER NOT NULL DEFAULT 0,
+    result BYTEA,
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION
+);
+-- Pending rows by owner serve claims and replays; every index costs each insert and outcome.
+CREATE INDEX IF NOT EXISTS zqsync_jobs_to_replay ON zqsync_jobs (owner, replay, next_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS zqsync_jobs_by_state_updated ON zqsync_jobs (state, updated_at);
+CREATE TABLE IF NOT EXISTS zqsync_owners (
+    token TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS zqsync_probes (owner TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL);
+"""
+#: Serialises schema creation among workers starting together (``pg_advisory_xact_lock``).
+SCHEMA_LOCK = 0x7A71_7379_6E63
+SELECT = f"SELECT {', '.join(FIELDS)} FROM zqsync_jobs"
+#: A pending row whose owner's lease expired, or that has no owner (requeued).
+ORPHAN = ("j.state = 'pending' AND (j.owner IS NULL OR j.owner IN "
+          "(SELECT token FROM zqsync_owners WHERE expires_at <= now()))")
+POISON = f"o.running = {ALONE} AND o.attempts > o.retries"
+CLAIM = f"""
+WITH orphans AS (
+    SELECT id, running, attempts, retries FROM zqsync_jobs j
+    WHERE {ORPHAN} AND j.task = ANY(%(tasks)s) FOR UPDATE OF j SKIP LOCKED),
+died AS (
+    UPDATE zqsync_jobs j SET state = 'dead', error = %(died)s, running = 0, updated_at = %(now)s
+    FROM orphans o WHERE j.id = o.id AND {POISON} RETURNING j.id),
+taken AS (
+    UPDATE zqsync_jobs j SET owner = %(me)s, replay = 1
+    FROM orphans o WHERE j.id = o.id AND NOT ({POISON}) RETURNING j.id)
+SELECT (SELECT count(*) FROM taken), (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM died)
+"""
+FOREIGN = f"SELECT task, count(*) FROM zqsync_jobs j WHERE {ORPHAN} AND NOT (j.task = ANY(%s)) GROUP BY task"
+OUTCOMES = ("UPDATE zqsync_jobs j SET state = o.state, attempts = o.attempts, next_at = o.next_at, error = o.error,"
+            " result = o.result, running = 0, updated_at = %s, finished_at = CASE WHEN o.state = 'pending' THEN NULL"
+            " ELSE %s END FROM unnest(%s::text[], %s::text[], %s::int[], %s::float8[], %s::text[], %s::bytea[])"
+            " AS o(id, state, attempts, next_at, error, result) WHERE j.id = o.id AND j.state <> 'cancelled'")
+STARTS = ("UPDATE zqsync_jobs j SET attempts = j.attempts + 1, running = s.running, next_at = s.retry_at,"
+          " updated_at = %s, started_at = %s FROM unnest(%s::text[], %s::smallint[], %s::float8[])"
+          " AS s(id, running, retry_at) WHERE j.id = s.id AND j.state = 'pending' RETURNING j.id")
+INSERT = ("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, created_at, updated_at, next_at, replay,"
+          " attempts, running, started_at) SELECT n.id, n.task, n.body, 'pending', %s, n.retries, %s, %s, n.next_at,"
+          " n.replay, n.attempts, n.running, n.started_at FROM unnest(%s::text[], %s::text[], %s::bytea[],"
+          " %s::int[], %s::float8[], %s::smallint[], %s::int[], %s::smallint[], %s::float8[])"
+          " AS n(id, task, body, retries, next_at, replay, attempts, running, started_at)"
+          " ON CONFLICT (id) DO NOTHING RETURNING id")
+REPLAYS = (f"WITH due AS (SELECT id FROM zqsync_jobs WHERE state = 'pending' AND owner = %s AND replay = 1"
+           f" AND next_at <= %s ORDER BY running > 0, next_at, created_at LIMIT %s FOR UPDATE SKIP LOCKED)"
+           f" UPDATE zqsync_jobs j SET replay = 0 FROM due WHERE j.id = due.id"
+           f" RETURNING {', '.join('j.' + name for name in FIELDS)}")
+#: Renews a lease, or takes it again if it expired and was forgotten (returns whether it was).
+RENEW = ("INSERT INTO zqsync_owners AS o (token, host, pid, expires_at) VALUES (%s, %s, %s,"
+         " now() + make_interval(secs => %s)) ON CONFLICT (token) DO UPDATE SET expires_at = EXCLUDED.expires_at"
+         " RETURNING o.xmax = 0")
+#: Seconds an expired owner is kept before it may be forgotten: a process that stalled past its lease and
+#: then wrote new rows is known again by its next renewal long before that.
+FORGET_AFTER = 3600.0
+REQUEUE = ("UPDATE zqsync_jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
+           " owner = NULL, replay = 0, result = NULL, started_at = NULL, finished_at = NULL, updated_at = %s")
+
+
+class PostgresJournal(JournalBackend):
+    """A connection to the PostgreSQL journal at ``url`` (its tables created if missing).
+
+    :param url: a libpq URL, ``postgresql://USER@HOST:PORT/DB`` (password, ``sslmode`` and the like as
+        libpq takes them, or from ``PGPASSWORD`` / ``~/.pgpass``).
+    :param busy_timeout: seconds to connect, and to wait for another transaction's row locks
+        (``lock_timeout``) before a statement fails.
+    :param lease: seconds an owner's lease lasts unless renewed (renewed every ``lease / 3``).
+    :raises psycopg.Error: the database cannot be reached or its tables cannot be created.
+    """
+
+    def __init__(self, url: str, *, busy_timeout: float = 30.0, lease: float = LEASE) -> None:
+        self.url, self.busy_timeout, self.lease = url, busy_timeout, lease
+        self.token: Optional[str] = None
+        self._lock = native_lock()
+        self._renewing: Optional[Any] = None  # held while the renewal thread is to run
+        self._renewed: Optional[Any] = None  # held while it runs
+        self._pid = os.getpid()  # a forked child must neither use nor close the parent's session
+        self._db = self._connect()
+        with self._lock, self._db.transaction():
+            self._db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            self._db.execute(SCHEMA)
+
+    def _connect(self) -> psycopg.Connection:
+        db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.busy_timeout)),
+                             application_name="zqsync")
+        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
+        return db
+
+    def _transaction(self, work: Callable[[psycopg.Connection], Any]) -> Any:
+        """``work(connection)`` in one transaction, under the lock (a broken connection replaced first)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError("this PostgreSQL journal connection belongs to the process that opened it")
+        with self._lock:
+            if self._db.closed or self._db.broken:
+                self._db = self._connect()
+            with self._db.transaction():
+                return work(self._db)
+
+    def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        return list(self._transaction(lambda db: db.execute(query, params).fetchall()))
+
+    # -- ownership ---------------------------------------------------------
+
+    def register(self) -> str:
+        """Become a live owner: a new random token with a lease, renewed by a native thread until
+        :meth:`close`. Returns the token. A forked child does not inherit it."""
+        token = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(8)}"
+        self._transaction(lambda db: db.execute(RENEW, (token, socket.gethostname(), os.getpid(), self.lease)))
+        self.token = token
+        self._renewing, self._renewed = native_lock(), native_lock()
+        self._renewing.acquire()
+        self._renewed.acquire()
+        _start_thread(self._renew_loop, (token, self._renewing, self._renewed))
+        os.register_at_fork(after_in_child=_forget_token(weakref.ref(self)))
+        return token
+
+    def _renew_loop(self, token: str, renewing: Any, renewed: Any) -> None:
+        """The renewal thread: renew the lease every ``lease / 3`` s on its own connection until ``renewing``
+        is released; a failed renewal is logged and tried again at the next tick."""
+        db: Optional[psycopg.Connection] = None
+        try:
+            while not renewing.acquire(timeout=self.lease / 3):
+                try:
+                    if db is None or db.closed or db.broken:
+                        db = self._connect()
+                    row = db.execute(RENEW, (token, socket.gethostname(), os.getpid(), self.lease)).fetchone()
+                    if row and row[0]:
+                        log.error("the journal lease of %s had expired and was forgotten: its jobs may run "
+                                  "again elsewhere", token)
+                except Exception as exc:  # the thread must outlive any failure, or the lease lapses
+                    log.error("could not renew the journal lease of %s (it expires %.0f s after the last "
+                              "renewal): %s: %s", token, self.lease, type(exc).__name__, exc)
+        finally:
+            if db is not None:
+                db.close()
+            renewed.release()
+
+    def owner_alive(self, token: Optional[str]) -> bool:
+        """Whether ``token``'s lease is unexpired (by the database's clock)."""
+        if token is None:
+            return False
+        return token == self.token or bool(self._read(
+            "SELECT 1 FROM zqsync_owners WHERE token = %s AND expires_at > now()", (token,)))
+
+    def sweep_owners(self) -> int:
+        """Forget owners whose lease expired :data:`FORGET_AFTER` s ago and who own no pending row (and
+        their probe rows); returns how many."""
+        def sweep(db: psycopg.Connection) -> int:
+            gone = db.execute(
+                "DELETE FROM zqsync_owners o WHERE expires_at <= now() - make_interval(secs => %s) AND NOT EXISTS"
+                " (SELECT 1 FROM zqsync_jobs j WHERE j.state = 'pending' AND j.owner = o.token)",
+                (FORGET_AFTER,)).rowcount
+            db.execute("DELETE FROM zqsync_probes p WHERE NOT EXISTS (SELECT 1 FROM zqsync_owners o"
+                       " WHERE o.token = p.owner)")
+            return int(gone)
+
+        return int(self._transaction(sweep))
+
+    # -- writes ------------------------------------------------------------
+
+    def probe(self) -> None:
+        """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as :meth:`write_all`."""
+        self._transaction(lambda db: db.execute(
+            "INSERT INTO zqsync_probes (owner, at) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE SET at = EXCLUDED.at",
+            (self.token or "", time.time())))
+
+    def write_all(
+        self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
+    ) -> tuple[list[Optional[str]], set[str]]:
+        """:meth:`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
+
+        :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
+        """
+        now = time.time()
+        new, done, begun = [NewJob(*job) for job in jobs], list({o.id: o for o in outcomes}.values()), list(starts)
+
+        def apply(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
+            with db.cursor() as starting, db.cursor() as inserting:
+                if done:  # one statement, so the last outcome of an id wins
+                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in Outcome._fields)))
+                if begun:
+                    starting.execute(STARTS, (now, now, [s.id for s in begun], [s.running for s in begun],
+                                              [s.retry_at for s in begun]))
+                if new:
+                    started = [job.retry_at > 0 for job in new]
+                    inserting.execute(INSERT, (
+                        self.token, now, now, [job.id for job in new], [job.task for job in new],
+                        [job.body for job in new], [job.retries for job in new],
+                        [job.retry_at if go else job.due for job, go in zip(new, started)],
+                        [int(job.due > 0) for job in new], [int(go) for go in started],
+                        [SHARED if go else 0 for go in started], [now if go else None for go in started]))
+                refused = {s.id for s in begun} - {row[0] for row in starting.fetchall()} if begun else set()
+                return (self._answers(inserting, new) if new else []), refused
+
+        return self._transaction(apply)
+
+    @staticmethod
+    def _answers(inserting: psycopg.Cursor, new: list[NewJob]) -> list[Optional[str]]:
+        """Per new job, ``None`` if ``inserting`` (the :data:`INSERT`) inserted it, else its row's state."""
+        inserted = {row[0] for row in inserting.fetchall()}
+        answers: list[Optional[str]] = []
+        for job in new:
+            answers.append(None if job.id in inserted else job.id)
+            inserted.discard(job.id)  # a second copy in the same batch is a duplicate of the first
+        known = [job_id for job_id in answers if job_id is not None]
+        if not known:
+            return answers
+        states: dict[str, str] = dict(inserting.execute("SELECT id, state FROM zqsync_jobs WHERE id = ANY(%s)",
+                                                        (known,)).fetchall())
+        return [None if job_id is None else str(states[job_id]) for job_id in answers]
+
+    def claim(self, tasks: Sequence[str]) -> Claim:
+        """:meth:`JournalBackend.claim`: the pending rows of expired leases (or of no owner), taken with
+        ``FOR UPDATE SKIP LOCKED`` so that workers claiming at once take disjoint rows."""
+        assert self.token is not None, "register() first"
+
+        def claim(db: psycopg.Connection) -> Claim:
+            taken, died = db.execute(CLAIM, {"tasks": list(tasks), "died": DIED, "now": time.time(),
+                                             "me": self.token}).fetchone() or (0, [])
+            foreign: dict[str, int] = dict(db.execute(FOREIGN, (list(tasks),)).fetchall())
+            return Claim(int(taken), list(died), {str(task): int(count) for task, count in foreign.items()})
+
+        return self._transaction(claim)  # type: ignore[no-any-return]
+
+    def take_replays(self, limit: int) -> list[Row]:
+        """:meth:`JournalBackend.take_replays`."""
+        rows = [Row(*row) for row in self._read(REPLAYS, (self.token, time.time(), limit))]
+        return sorted(rows, key=lambda row: (row.running > 0, row.next_at, row.created_at))
+
+    # -- operators -----------------------------------------------------------
+
+    def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
+             limit: int = 1000, offset: int = 0) -> list[Row]:
+        """:meth:`JournalBackend.rows`."""
+        column = "id" if ids else "state"
+        return [Row(*row) for row in self._read(
+            f"{SELECT} WHERE {column} = ANY(%s) ORDER BY created_at, id LIMIT %s OFFSET %s",
+            (list(ids) or list(states), limit, offset))]
+
+    def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
+        """:meth:`JournalBackend.iter_rows`."""
+        wanted = list(states)
+        after: tuple[float, str] = (-1.0, "")
+        while True:
+            rows = [Row(*row) for row in self._read(
+                f"{SELECT} WHERE state = ANY(%s) AND (created_at, id) > (%s, %s) ORDER BY created_at, id LIMIT %s",
+                (wanted, *after, batch))]
+            yield from rows
+            if len(rows) < batch:
+                return
+            after = (rows[-1].created_at, rows[-1].id)
+
+    def counts(self) -> dict[str, int]:
+        """:meth:`JournalBackend.counts`."""
+        return {str(state): int(count) for state, count in self._read(
+            "SELECT state, count(*) FROM zqsync_jobs GROUP BY state", ())}
+
+    def cancel(self, job_id: str) -> bool:
+        """:meth:`JournalBackend.cancel` (a job running under an unexpired lease is left alone)."""
+        now = time.time()
+
+        def cancel(db: psycopg.Connection) -> bool:
+            row = db.execute("SELECT running, owner FROM zqsync_jobs WHERE id = %s AND state = 'pending' FOR UPDATE",
+                             (job_id,)).fetchone()
+            if row is None or (row[0] and (row[1] == self.token or db.execute(
+                    "SELECT 1 FROM zqsync_owners WHERE token = %s AND expires_at > now()", (row[1],)).fetchone())):
+                return False
+            db.execute("UPDATE zqsync_jobs SET state = 'cancelled', running = 0, replay = 0, updated_at = %s,"
+                       " finished_at = %s, error = %s WHERE id = %s", (now, now, CANCELLED, job_id))
+            return True
+
+        return bool(self._transaction(cancel))
+
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
+        """:meth:`JournalBackend.requeue`."""
+        now = time.time()
+        if all_dead:
+            return int(self._transaction(lambda db: db.execute(f"{REQUEUE} WHERE state = 'dead'", (now,)).rowcount))
+        return int(self._transaction(lambda db: db.execute(
+            f"{REQUEUE} WHERE id = ANY(%s) AND state <> 'pending'", (now, sorted(set(ids)))).rowcount))
+
+    def purge(self, states: Iterable[str], older_than: float) -> int:
+        """:meth:`JournalBackend.purge`."""
+        wanted = [state for state in states if state != "pending"]
+        return int(self._transaction(lambda db: db.execute(
+            "DELETE FROM zqsync_jobs WHERE state = ANY(%s) AND updated_at < %s",
+            (wanted, time.time() - older_than)).rowcount))
+
+    def close(self) -> None:
+        """Stop renewing, expire this owner's lease (its pending rows are claimed by any live worker at
+        once) and close the connection. In a process forked from the owner it does nothing: the session is
+        the parent's."""
+        if os.getpid() != self._pid:
+            return
+        if self._renewing is not None and self._renewed is not None and self.token is not None:
+            self._renewing.release()
+            self._renewed.acquire(timeout=self.busy_timeout)
+            try:
+                self._transaction(lambda db: db.execute(
+                    "UPDATE zqsync_owners SET expires_at = now() WHERE token = %s", (self.token,)))
+            except psycopg.Error as exc:
+                log.warning("could not expire the journal lease of %s (it expires within %.0f s): %s",
+                            self.token, self.lease, exc)
+            self._renewing = None
+        with self._lock:
+            self._db.close()
+
+
+def _forget_token(journal: "weakref.ReferenceType[PostgresJournal]") -> Callable[[], None]:
+    def forget() -> None:
+        alive = journal()
+        if alive is not None:
+            alive.token = None  # the child has no renewal thread: it owns nothing (the parent's lease is kept)
+            alive._renewing = None
+
+    return forget
