@@ -114,19 +114,25 @@ def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwa
 
 def _dump_stacks_later(path: str, seconds: float) -> None:
     """Write the child's thread stacks to ``path`` after ``seconds`` (``faulthandler``, even if the
-    hub is blocked), and under gevent also every greenlet's (while the hub runs)."""
+    hub is blocked), and under gevent also the stack of the greenlet that runs the function (while
+    the hub runs; the thread's own stack then only shows the hub)."""
     out = open(path, "w")
     faulthandler.dump_traceback_later(seconds, file=out)
     monkey = sys.modules.get("gevent.monkey")
     if monkey is not None and monkey.is_module_patched("time"):
         import gevent
-        import gevent.util
+        import greenlet
 
-        def dump_greenlets() -> None:
-            out.write("".join(gevent.util.format_run_info()))
-            out.flush()
+        caller = greenlet.getcurrent()
 
-        gevent.spawn_later(seconds, dump_greenlets)
+        def dump_caller() -> None:
+            frame = caller.gr_frame
+            if frame is not None:
+                out.write("The greenlet running the function (most recent call last):\n")
+                out.write("".join(traceback.format_stack(frame)))
+                out.flush()
+
+        gevent.spawn_later(seconds, dump_caller)
 
 
 def _child_main(path: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
