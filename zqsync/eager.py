@@ -40,7 +40,8 @@ import os
 import time
 from typing import Any, Iterator, NamedTuple, Optional
 
-from .client.client import Client, _remote_error
+from .client.client import Client
+from .client.lookups import remote_error_of
 from .errors import ProtocolError, RemoteError
 from .wire import envelope
 from .worker.registry import Registry
@@ -217,7 +218,7 @@ def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecor
     def confirm(self: Client, frame: bytes, job_id: str, task: str, total: float) -> None:
         refused = recorder.job(frame, confirmed=True)
         if refused is not None:
-            raise _remote_error(envelope.decode_reply(refused))
+            raise remote_error_of(envelope.decode_reply(refused))
 
     def request(self: Client, frame: bytes, *_: Any, **__: Any) -> envelope.Reply:
         return recorder.request(frame)

@@ -27,34 +27,23 @@ from ..errors import (
     ClientClosed,
     ConfigurationError,
     PoolError,
-    RemoteError,
     Unconfirmed,
-    WorkerStopping,
     ZqsyncWarning,
-    remote_error,
 )
 from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
-from . import discovery, express, health, notices, transport
+from . import discovery, express, health, lookups, notices, transport
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import Job, JobStatus
+from .lookups import base_of, remote_error_of
 from .pool import SocketPool
-from .rendezvous import FAILOVER_ATTEMPTS, Route, rank
+from .rendezvous import FAILOVER_ATTEMPTS, Route
 from .routes import Routes
 
 log = logging.getLogger(__name__)
-
-#: Longest single ``zqsync.result`` long-poll, seconds; longer waits call again. Short, because a
-#: worker that dies during one never answers it: its waiters find the job again this soon.
-LONG_POLL = 5.0
-#: Seconds a long-poll's reply may take past its wait before the worker counts as gone for this round.
-LONG_POLL_GRACE = 2.0
-#: Seconds between look-ups of an id that no worker knows yet (a plain job may not have arrived).
-UNKNOWN_RETRY = 1.0
-
 
 class Client:
     """Enqueue jobs and call tasks on one or more zqsync workers.
@@ -361,7 +350,7 @@ class Client:
                 route.unanswered(sent=not isinstance(exc, health.Unsent))
                 continue
             if not reply.ok:
-                raise _remote_error(reply)
+                raise remote_error_of(reply)
             return
 
     # -- call --------------------------------------------------------------
@@ -413,7 +402,7 @@ class Client:
         if reply.ok:
             return reply.result
         self._counts["call_errors"] += 1
-        raise _remote_error(reply)
+        raise remote_error_of(reply)
 
     def _timeout(self, timeout: Optional[float]) -> float:
         return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
@@ -439,16 +428,16 @@ class Client:
         :raises RemoteError: a worker refused the request (``RequestRejected`` for a malformed id).
         """
         self._check_open()
-        return self._find(job_id, self._timeout(timeout))
+        return lookups.locate(self, job_id, self._timeout(timeout))[1]
 
     def result(self, job_id: str, *, timeout: Optional[float] = None) -> Any:
         """Wait until job ``job_id`` finishes, then return its result or raise its error.
 
         Blocks the calling greenlet (cooperatively under gevent) or thread. It finds the worker holding the
         job (:meth:`job`), then long-polls it (``zqsync.result``: the worker answers as soon as the job
-        finishes, or after at most :data:`LONG_POLL` s, and the client asks again). An id no worker knows yet is
-        long-polled on its preferred worker a second at a time, then looked up again: a plain job may still
-        be on its way.
+        finishes, or after at most :data:`~zqsync.client.lookups.LONG_POLL` s, and the client asks
+        again). An id no worker knows yet is long-polled on its preferred worker a second at a time, then
+        looked up again: a plain job may still be on its way.
 
         :param timeout: seconds to wait in all (default ``call_timeout``).
         :returns: the task's return value (as msgpack decodes it). Only confirmed jobs and plain jobs
@@ -459,27 +448,7 @@ class Client:
             meanwhile does not end the wait: the job is looked for again until ``timeout``.
         """
         self._check_open()
-        total = self._timeout(timeout)
-        deadline = time.monotonic() + total
-        owner, status = self._locate(job_id, total)
-        if owner is not self:
-            return owner.result(job_id, timeout=max(0.001, deadline - time.monotonic()))
-        while not status.finished:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CallTimeout("zqsync.result", total, status.worker or list(self.endpoints))
-            # The worker answers within `wait`, a margin before this call's own deadline.
-            wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
-            rpc = self._rpc_of(status.worker) if status.worker else rank(job_id, self._rpc_endpoints)[0]
-            try:
-                status = self._admin("zqsync.result", (job_id, wait), rpc, min(remaining, wait + LONG_POLL_GRACE))
-            except (CallTimeout, PoolError, WorkerStopping):
-                # Its worker died, restarts or stops: the job runs again (or goes on) wherever the
-                # journal puts it, so look for it again until the deadline.
-                status = JobStatus(job_id, "unknown")
-            if status.state == "unknown" and deadline > time.monotonic():
-                status = self._find(job_id, min(deadline - time.monotonic(), self.settings.call_timeout))
-        return status.value()
+        return lookups.result(self, job_id, self._timeout(timeout))
 
     def cancel(self, job_id: str, *, timeout: Optional[float] = None) -> JobStatus:
         """Cancel job ``job_id`` (``zqsync.cancel``): a pending or scheduled job is marked ``cancelled``
@@ -493,40 +462,7 @@ class Client:
             its status is kept, ``store_result``, or while it runs).
         """
         self._check_open()
-        return self._find(job_id, self._timeout(timeout), admin="zqsync.cancel")
-
-    def _find(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> JobStatus:
-        return self._locate(job_id, timeout, admin=admin)[1]
-
-    def _locate(self, job_id: str, timeout: float, *, admin: str = "zqsync.job") -> tuple["Client", JobStatus]:
-        """The client whose workers hold ``job_id`` (this one first, then each route's) and its status."""
-        unanswered: list[str] = []
-        if self._discovery is not None:
-            self._rediscover()
-        for rpc in rank(job_id, self._rpc_endpoints):
-            try:
-                status = self._admin(admin, (job_id,), rpc, timeout)
-            except (CallTimeout, PoolError):
-                unanswered.append(_base_of(rpc))
-                continue
-            if status.state != "unknown":
-                return self, status
-        for routed in self._routed.values():
-            owner, status = routed._locate(job_id, timeout, admin=admin)
-            if status.state != "unknown":
-                return owner, status
-            unanswered.extend(status.unanswered)
-        return self, JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
-
-    def _admin(self, name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
-        """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`."""
-        reply = self._call_at(name, args, {}, timeout, address=rpc)
-        if not reply.ok:
-            raise _remote_error(reply)
-        return JobStatus.from_reply(reply.result, _base_of(rpc))
-
-    def _rpc_of(self, endpoint: str) -> str:
-        return split_endpoint(endpoint)[1]
+        return lookups.locate(self, job_id, self._timeout(timeout), admin_call="zqsync.cancel")[1]
 
     def _request(
         self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None,
@@ -580,7 +516,7 @@ class Client:
         """
         result: dict[str, Any] = dict(self._counts)
         result["endpoints"] = list(self.endpoints)
-        result["down"] = [_base_of(rpc) for rpc in self._health.endpoints_down() if rpc in self._rpc_endpoints]
+        result["down"] = [base_of(rpc) for rpc in self._health.endpoints_down() if rpc in self._rpc_endpoints]
         result["push"] = self._push.stats()
         result["dealer"] = self._dealer.stats()
         if self._routed:
@@ -639,17 +575,6 @@ def _close_pools(push: SocketPool, dealer: SocketPool, linger: Optional[float] =
     """Close a client's job pool (queued jobs get ``linger``, default the client's) and its rpc pool."""
     push.close(linger=linger)
     dealer.close(linger=0 if linger is None else linger)
-
-
-def _base_of(rpc: str) -> str:
-    """A worker's base endpoint from its rpc endpoint (PORT+1)."""
-    host, _, port = rpc.rpartition(":")
-    return f"{host}:{int(port) - 1}"
-
-
-def _remote_error(reply: envelope.Reply) -> RemoteError:
-    error = reply.error or {}
-    return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply.id)
 
 
 def _due(delay: Optional[float], eta: Optional[datetime.datetime]) -> Optional[float]:

@@ -1,0 +1,98 @@
+"""Finding a job and waiting for it: the work behind ``Client.job``, ``Client.result`` and ``Client.cancel``.
+
+A job is looked for on its preferred worker first (``rendezvous.py``), then on the
+others in rank, then on each route's workers (``docs/design.md``, "Job status and
+results"). ``result`` long-polls the worker holding the job in rounds of at most
+:data:`LONG_POLL` seconds; a worker that dies, restarts or stops meanwhile only makes
+it look for the job again, until the caller's timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import CallTimeout, PoolError, RemoteError, WorkerStopping, remote_error
+from ..wire import envelope
+from ..wire.endpoints import split_endpoint
+from .jobs import JobStatus
+from .rendezvous import rank
+
+if TYPE_CHECKING:
+    from .client import Client
+
+#: Longest single ``zqsync.result`` long-poll, seconds; longer waits call again. Short, because a
+#: worker that dies during one never answers it: its waiters find the job again this soon.
+LONG_POLL = 5.0
+#: Seconds a long-poll's reply may take past its wait before the worker counts as gone for this round.
+LONG_POLL_GRACE = 2.0
+#: Seconds between look-ups of an id that no worker knows yet (a plain job may not have arrived).
+UNKNOWN_RETRY = 1.0
+
+
+def result(client: "Client", job_id: str, total: float) -> Any:
+    """Wait up to ``total`` seconds for ``job_id`` to finish; its result, or its error raised
+    (``Client.result`` documents both)."""
+    deadline = time.monotonic() + total
+    owner, status = locate(client, job_id, total)
+    if owner is not client:
+        return owner.result(job_id, timeout=max(0.001, deadline - time.monotonic()))
+    while not status.finished:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CallTimeout("zqsync.result", total, status.worker or list(client.endpoints))
+        # The worker answers within `wait`, a margin before this call's own deadline.
+        wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
+        rpc = split_endpoint(status.worker)[1] if status.worker else rank(job_id, client._rpc_endpoints)[0]
+        try:
+            status = admin(client, "zqsync.result", (job_id, wait), rpc, min(remaining, wait + LONG_POLL_GRACE))
+        except (CallTimeout, PoolError, WorkerStopping):
+            # Its worker died, restarts or stops: the job runs again (or goes on) wherever the
+            # journal puts it, so look for it again until the deadline.
+            status = JobStatus(job_id, "unknown")
+        if status.state == "unknown" and deadline > time.monotonic():
+            status = locate(client, job_id, min(deadline - time.monotonic(), client.settings.call_timeout))[1]
+    return status.value()
+
+
+def locate(client: "Client", job_id: str, timeout: float, *,
+           admin_call: str = "zqsync.job") -> tuple["Client", JobStatus]:
+    """The client whose workers hold ``job_id`` (``client`` first, then each route's) and its status,
+    asking each worker for up to ``timeout`` seconds (``admin_call``: ``zqsync.job`` or ``zqsync.cancel``)."""
+    unanswered: list[str] = []
+    if client._discovery is not None:
+        client._rediscover()
+    for rpc in rank(job_id, client._rpc_endpoints):
+        try:
+            status = admin(client, admin_call, (job_id,), rpc, timeout)
+        except (CallTimeout, PoolError):
+            unanswered.append(base_of(rpc))
+            continue
+        if status.state != "unknown":
+            return client, status
+    for routed in client._routed.values():
+        owner, status = locate(routed, job_id, timeout, admin_call=admin_call)
+        if status.state != "unknown":
+            return owner, status
+        unanswered.extend(status.unanswered)
+    return client, JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
+
+
+def admin(client: "Client", name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
+    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`."""
+    reply = client._call_at(name, args, {}, timeout, address=rpc)
+    if not reply.ok:
+        raise remote_error_of(reply)
+    return JobStatus.from_reply(reply.result, base_of(rpc))
+
+
+def base_of(rpc: str) -> str:
+    """A worker's base endpoint from its rpc endpoint (PORT+1)."""
+    host, _, port = rpc.rpartition(":")
+    return f"{host}:{int(port) - 1}"
+
+
+def remote_error_of(reply: envelope.Reply) -> RemoteError:
+    """The error a worker's error ``reply`` stands for, as the matching :class:`RemoteError` subclass."""
+    error = reply.error or {}
+    return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply.id)
