@@ -22,12 +22,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MONKEY_PATCHED, ROOT
-from tests.e2e.netns import Lab, remove_stale_namespaces, unavailable_reason
 from tests.helpers import slack, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-SUBNET = "10.254.9"  # exists only inside the lab's namespaces
 PORT = 5555
 RUN = 8.0  # seconds of jobs after the cut: the old 5-attempt bound (2.5 s) and memory (2.5 s) stalled twice
 CONFIRM_RETRY = 0.5
@@ -82,16 +80,6 @@ with open(config["out"] + ".tmp", "w") as handle:
     json.dump({"ids": ids, "latencies": latencies, "down": stats.get("down")}, handle)
 os.replace(config["out"] + ".tmp", config["out"])
 '''
-
-
-@pytest.fixture
-def lab():
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    remove_stale_namespaces()
-    with Lab(SUBNET) as made:
-        yield made
 
 
 def test_confirmed_jobs_that_prefer_a_vanished_host_stall_once_then_go_to_the_next_worker(lab, tmp_path: Path):
