@@ -90,6 +90,7 @@ class EagerRecorder:
 
     @property
     def now(self) -> float:
+        """The block's clock, epoch seconds (float): the wall clock plus what :meth:`advance` added."""
         return time.time() + self._offset
 
     def failed(self) -> list[EagerJob]:
