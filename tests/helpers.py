@@ -80,6 +80,7 @@ class JobStream(threading.Thread):
         self.endpoints, self.target, self.jobs = endpoints, target, jobs
         self.delay, self.burst, self.send_timeout = delay, burst, send_timeout
         self.accepted = 0
+        self.stats: dict = {}
         self.done = threading.Event()
         self.error = None
 
@@ -98,5 +99,6 @@ class JobStream(threading.Thread):
                     self.accepted += 1
                     if self.burst and self.accepted % self.burst == 0:
                         time.sleep(0.01)
+            self.stats = client.stats()  # after close: it counts what the linger left unsent
         except BaseException as exc:  # reported by the test
             self.error = exc

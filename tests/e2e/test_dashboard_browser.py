@@ -115,7 +115,16 @@ def test_dashboard_in_a_real_browser(browser, zq_worker, tmp_path, root):
             wait_for(lambda: _job_state(client, delayed) == "cancelled", what="the scheduled job cancelled")
         browser.find_element(By.ID, "lookup-id").send_keys(dead)
         browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
-        wait_for(lambda: '"state": "done"' in browser.find_element(By.ID, "lookup-result").text, what="the lookup")
+        try:
+            wait_for(lambda: '"state": "done"' in browser.find_element(By.ID, "lookup-result").text, what="the lookup")
+        except AssertionError:
+            print("lookup-result:", browser.find_element(By.ID, "lookup-result").get_attribute("textContent"))
+            print("action-result:", browser.find_element(By.ID, "action-result").get_attribute("textContent"))
+            print("browser log:", browser.get_log("browser"))
+            raise
+    except BaseException:
+        print(dashboard.output())
+        raise
     finally:
         dashboard.stop()
     if os.environ.get("ZQSYNC_SCREENSHOT_DOCS") == "1":

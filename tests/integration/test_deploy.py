@@ -42,8 +42,16 @@ def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_pa
     hup_and_wait(supervisor, 2)
     sender.join(60)
     assert sender.error is None and sender.accepted == JOBS
-    seen = wait_for(lambda: (c := count_lines(target)) and sum(c.values()) >= JOBS and c, timeout=30,
-                    what=f"all {JOBS} jobs to run")  # fails here, with the count, if jobs were lost
+    try:
+        seen = wait_for(lambda: (c := count_lines(target)) and sum(c.values()) >= JOBS and c, timeout=30,
+                        what=f"all {JOBS} jobs to run")
+    except AssertionError:  # jobs were lost: say how many, and what the supervisor logged
+        seen = count_lines(target)
+        missing = sorted(set(range(JOBS)) - {int(line) for line in seen})
+        print(f"ran {sum(seen.values())} of {JOBS}; missing {len(missing)}, first {missing[:20]}; "
+              f"client stats {sender.stats}")
+        print(supervisor.output())
+        raise
     ran_twice = [line for line, times in seen.items() if times > 1]
     print(f"accepted {sender.accepted}, executed {sum(seen.values())}, distinct {len(seen)}, twice {len(ran_twice)}")
     print("\n".join(line for line in supervisor.output().splitlines() if "stopped taking jobs" in line))
