@@ -34,9 +34,9 @@ class FakeChild:
         self.credits = context.socket(zmq.PUSH)
         self.credits.connect(f"ipc://{directory}/credits")
 
-    def offer(self, count: int) -> None:
-        """Send ``count`` slot credits; also acknowledges the work this child got so far (it read no jobs)."""
-        self.credits.send_multipart([self.name, SLOT, b"%d" % count, b"0"])
+    def offer(self, count: int, started: int = 0) -> None:
+        """Send ``count`` slot credits, saying ``started`` pieces of work in all have started (it read no jobs)."""
+        self.credits.send_multipart([self.name, SLOT, b"%d" % count, b"0", b"%d" % started])
 
     def received(self) -> list[bytes]:
         """The request bodies routed to this child within a second (the router's sends are local)."""
@@ -95,6 +95,27 @@ def test_when_every_child_is_suspected_the_call_goes_to_the_one_silent_for_the_s
     third = call(client, "3")
     assert blocked.received() == [], "the third call went to the child silent the longest (its hub is blocked)"
     assert slow.received() == [third]
+
+
+def test_a_late_acknowledgement_of_earlier_work_does_not_acknowledge_the_work_sent_after_it(router):
+    """A child acknowledges its first call only after the second was sent to it, and its hub then blocks in
+    the second: it is still suspected, and the third call goes to its sibling. The router used to clear a
+    child's suspicion on any credit message, so the third call went to the blocked child, behind the block
+    (seen under load in ``test_free_child``)."""
+    dispatch, client, child = router
+    blocked, free = child("1"), child("2")
+    blocked.offer(4)  # the blocked child's credits come first in the router's queue
+    wait_for(lambda: dispatch.call(len, dispatch.ready[SLOT]) == 4, what="the first child's credits")
+    free.offer(4)
+    first, second = call(client, "1"), call(client, "2")
+    assert blocked.received() == [first, second]
+    blocked.offer(0, started=1)  # the first call started; the second blocks its hub: nothing more from it
+    wait_for(lambda: dispatch.call(lambda: dispatch.routes[blocked.name].started[SLOT]) == 1,
+             what="the late acknowledgement")
+    time.sleep(SUSPECT_AFTER * 4)
+    third = call(client, "3")
+    assert free.received() == [third], "the third call went to the child blocked in the second"
+    assert blocked.received() == []
 
 
 def test_asking_a_router_whose_loop_died_times_out_instead_of_hanging(router):

@@ -3,12 +3,15 @@
 The load-balancing broker pattern. Every child has private ``ipc://``
 backends of its own, bound here: a PUSH for its jobs and a DEALER for its
 calls (and their replies). A child offers work by sending *credits*
-(its jobs endpoint, ``slot``, a count, and how many jobs it has read so far) to the shared credits socket: up to
+(its jobs endpoint, ``slot``, a count, how many jobs it has read so far, and how much work of that kind
+it has started so far) to the shared credits socket: up to
 :data:`CREDITS_MAX` outstanding, never more than its free task slots, so the
 router need not wait for a round trip per message. Each time work it got has
 started, the child sends one such message (with zero or more new credits),
-which also acknowledges that work (``server.py``). A child that has not
-acknowledged work for :data:`SUSPECT_AFTER` seconds is passed over while a
+which also acknowledges that work (``server.py``). The router keeps the send time of
+each piece of work a child has not acknowledged yet, in order, and its started counts pop them, so
+a late acknowledgement of earlier work does not acknowledge what was sent after it. A child whose
+oldest unacknowledged work was sent more than :data:`SUSPECT_AFTER` seconds ago is passed over while a
 sibling is not suspected (the work waits for that sibling's credits), and
 when every child is suspected, the one silent for the shortest time gets it: so a child whose hub is blocked (a task that never
 yields, a SIGSTOP) gets at most its remaining credits' worth of messages
@@ -80,11 +83,26 @@ SUSPECT_AFTER = 0.05
 
 
 class _Route:
-    __slots__ = ("jobs", "rpc", "open", "sent", "read")
+    __slots__ = ("jobs", "rpc", "open", "sent", "read", "unacked", "started")
 
     def __init__(self, jobs: zmq.Socket, rpc: zmq.Socket) -> None:
         self.jobs, self.rpc, self.open = jobs, rpc, True
         self.sent = self.read = 0  # jobs sent to the child; jobs it said it read (its credit messages)
+        # Per credit kind: when each piece of work the child has not acknowledged yet was sent (oldest
+        # first), and how much work of that kind its credit messages said it started.
+        self.unacked: dict[bytes, collections.deque[float]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
+        self.started = {SLOT: 0, ADMIT: 0}
+
+    def acknowledge(self, kind: bytes, started: int) -> None:
+        """Pop the send times of the work a credit message says started (its running total)."""
+        pending = self.unacked[kind]
+        for _ in range(min(started - self.started[kind], len(pending))):
+            pending.popleft()
+        self.started[kind] = max(self.started[kind], started)
+
+    def unacked_since(self) -> Optional[float]:
+        """When the oldest work the child has not acknowledged was sent (``time.monotonic``), or ``None``."""
+        return min((pending[0] for pending in self.unacked.values() if pending), default=None)
 
 
 class _Closed:
@@ -110,7 +128,6 @@ class Dispatcher:
         self.credits.bind(f"ipc://{directory}/credits")
         self.routes: dict[bytes, _Route] = {}
         self.ready: dict[bytes, collections.deque[bytes]] = {SLOT: collections.deque(), ADMIT: collections.deque()}
-        self.unacked: dict[bytes, float] = {}  # child -> when it was sent work it has not acknowledged yet
         # Held messages by kind, oldest first: calls under a sequence number, confirmed jobs under their id.
         self.held: dict[bytes, collections.OrderedDict[Any, list[bytes]]] = {
             SLOT: collections.OrderedDict(), ADMIT: collections.OrderedDict()}
@@ -192,7 +209,6 @@ class Dispatcher:
         credit message saying so died with it). Added to :attr:`jobs_lost`."""
         self._read_credits()
         route = self.routes.pop(jobs_endpoint.encode(), None)
-        self.unacked.pop(jobs_endpoint.encode(), None)
         self._forget_credits()
         if route is None:
             return 0
@@ -282,14 +298,15 @@ class Dispatcher:
             pass
 
     def _read_credits(self) -> None:
-        """Take the children's credit messages: ``[child, kind, new credits, jobs read so far]``."""
+        """Take the children's credit messages: ``[child, kind, new credits, jobs read so far, work of
+        that kind started so far]``."""
         while self.credits.poll(0):
-            name, kind, count, read = self.credits.recv_multipart()
-            self.unacked.pop(name, None)
+            name, kind, count, read, started = self.credits.recv_multipart()
             route = self.routes.get(name)
             if route is None:
                 continue
             route.read = max(route.read, int(read))
+            route.acknowledge(kind, int(started))
             if route.open:
                 self.ready[kind].extend([name] * int(count))
 
@@ -385,13 +402,13 @@ class Dispatcher:
         assert index is not None
         name = ready[index]
         del ready[index]
-        self.unacked.setdefault(name, time.monotonic())
         route = self.routes[name]
         try:
             getattr(route, socket).send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             self._drop(socket, "the child that asked for it is gone")
             return
+        route.unacked[kind].append(time.monotonic())
         if socket == "jobs":
             route.sent += 1
 
@@ -407,7 +424,8 @@ class Dispatcher:
         if not ready:
             return None
         now = time.monotonic()
-        silent = {name: now - since for name, since in self.unacked.items() if now - since > SUSPECT_AFTER}
+        since = {name: route.unacked_since() for name, route in self.routes.items()}
+        silent = {name: now - when for name, when in since.items() if when is not None and now - when > SUSPECT_AFTER}
         if not silent:
             return 0
         if all(name in silent for name, route in self.routes.items() if route.open):

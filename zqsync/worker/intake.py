@@ -211,6 +211,7 @@ class SupervisedIntake(Intake):
         # Set when the work of the last slot / admit credit was received and started (dispatch.py).
         self._taken = {SLOT: gevent.event.Event(), ADMIT: gevent.event.Event()}
         self._started = {SLOT: 0, ADMIT: 0}  # pieces of work started since the offering loop last looked
+        self._started_total = {SLOT: 0, ADMIT: 0}  # and since the child began: its credit messages say
         self._offering: list[gevent.Greenlet] = []
         self._jobs_read = 0  # jobs read from the backend (its credit messages say)
         self._jobs_ended = False  # END_OF_JOBS was read: the router sends no more
@@ -252,7 +253,8 @@ class SupervisedIntake(Intake):
             outstanding = max(0, outstanding - self._started[kind])
             self._started[kind] = 0
             room = max(0, min(CREDITS_MAX, pool.free_count()) - outstanding)
-            self._credits.send_multipart([name, kind, b"%d" % room, b"%d" % self._jobs_read])
+            self._credits.send_multipart([name, kind, b"%d" % room, b"%d" % self._jobs_read,
+                                          b"%d" % self._started_total[kind]])
             outstanding += room
             if outstanding:
                 taken.wait()
@@ -273,6 +275,7 @@ class SupervisedIntake(Intake):
     def took(self, kind: Optional[bytes]) -> None:
         if kind is not None:
             self._started[kind] += 1
+            self._started_total[kind] += 1
             self._taken[kind].set()
 
     def stop_offering(self) -> None:
