@@ -123,6 +123,23 @@ class Unconfirmed(ZqsyncError):
         self.timeout = timeout
 
 
+class JobNotFound(ZqsyncError, LookupError):
+    """Every worker that could hold a job id answered that it does not (``Client.result``).
+
+    Raised at once for an id given as a plain ``str``. A :class:`~zqsync.client.jobs.Job` handle this
+    process's client returned is waited for instead (its plain job may still be on its way).
+
+    :ivar job_id: the id looked for.
+    :ivar endpoints: the endpoints of the workers that answered.
+    """
+
+    def __init__(self, job_id: str, endpoints: object = None) -> None:
+        super().__init__(f"no worker holds job {job_id} (asked {endpoints!r}): it was never sent there, its status "
+                         "was not kept (a plain job without store_result), or it was pruned")
+        self.job_id = job_id
+        self.endpoints = endpoints
+
+
 class RemoteError(ZqsyncError):
     """A task raised inside the worker, or the worker refused the request.
 

@@ -19,6 +19,7 @@ import pytest
 import zqsync
 from tests.helpers import slack, wait_for
 from tests.integration import job_tasks
+from zqsync.client.jobs import Job
 from zqsync.client.rendezvous import rank
 from zqsync.wire.endpoints import split_endpoint
 
@@ -81,8 +82,22 @@ def test_an_unknown_id_and_a_plain_job_not_kept_are_unknown(journaled, tmp_path)
         for job_id in (plain, "never-sent"):
             status = client.job(job_id)
             assert (status.state, status.worker, status.unanswered, status.finished) == ("unknown", None, (), False)
-        with pytest.raises(zqsync.CallTimeout):
-            client.result("never-sent", timeout=1.5)
+        started = time.monotonic()
+        with pytest.raises(zqsync.JobNotFound, match="never-sent"):
+            client.result("never-sent", timeout=30)
+        assert time.monotonic() - started < 15, "it waited for the timeout instead of answering at once"
+
+
+@pytest.mark.timeout(60)
+def test_a_job_handle_is_waited_for_while_its_plain_job_is_on_its_way(journaled, tmp_path):
+    """An id this client returned may not have reached a worker yet: ``result`` waits for it (and a
+    plain job whose status is not kept is waited for until the timeout)."""
+    with zqsync.Client(journaled.endpoint) as client:
+        kept = client.enqueue_with_options("add", args=(2, 3), store_result=True)
+        assert isinstance(kept, Job) and client.result(kept, timeout=slack(20)) == 5
+        for handle in (Job("sent-by-this-client", client), client.enqueue("stamp", str(tmp_path / "out"), "q")):
+            with pytest.raises(zqsync.CallTimeout):
+                client.result(handle, timeout=1.0)
 
 
 @pytest.mark.timeout(90)
@@ -98,6 +113,8 @@ def test_a_job_held_by_a_worker_other_than_the_preferred_one_is_found_there(zq_w
             sender.enqueue_with_options("whoami", args=(index,), job_id=job_id)
         asked = sender.enqueue_with_options("add", args=(2, 3), store_result=True)
     with zqsync.Client(endpoints) as client:
+        # Plain ids from another client: result() says JobNotFound for one not read by its worker yet.
+        wait_for(lambda: all(client.job(job_id).state != "unknown" for job_id in ids), what="the jobs to arrive")
         results = [client.result(job_id, timeout=slack(20)) for job_id in ids]
         assert client.result(asked, timeout=slack(20)) == 5
         statuses = [client.job(job_id) for job_id in ids]

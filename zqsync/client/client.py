@@ -436,8 +436,10 @@ class Client:
         Blocks the calling greenlet (cooperatively under gevent) or thread. It finds the worker holding the
         job (:meth:`job`), then long-polls it (``zqsync.result``: the worker answers as soon as the job
         finishes, or after at most :data:`~zqsync.client.lookups.LONG_POLL` s, and the client asks
-        again). An id no worker knows yet is long-polled on its preferred worker a second at a time, then
-        looked up again: a plain job may still be on its way.
+        again). When every worker that could hold the id answers that none does, a plain ``str`` id
+        raises :class:`~zqsync.errors.JobNotFound` at once, while a :class:`~zqsync.client.jobs.Job`
+        handle this client returned is long-polled on its preferred worker a second at a time, then
+        looked up again: its plain job may still be on its way.
 
         :param timeout: seconds to wait in all (default ``call_timeout``).
         :returns: the task's return value (as msgpack decodes it). Only confirmed jobs and plain jobs
@@ -446,6 +448,7 @@ class Client:
             :class:`~zqsync.errors.JobCancelled` if it was cancelled.
         :raises CallTimeout: it did not finish within ``timeout``. A worker that dies, restarts or stops
             meanwhile does not end the wait: the job is looked for again until ``timeout``.
+        :raises JobNotFound: ``job_id`` is a plain ``str`` that every worker answered it does not hold.
         """
         self._check_open()
         return lookups.result(self, job_id, self._timeout(timeout))

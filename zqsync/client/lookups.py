@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CallTimeout, PoolError, RemoteError, WorkerStopping, remote_error
+from ..errors import CallTimeout, JobNotFound, PoolError, RemoteError, WorkerStopping, remote_error
 from ..wire import envelope
 from ..wire.endpoints import split_endpoint
-from .jobs import JobStatus
+from .jobs import Job, JobStatus
 from .rendezvous import rank
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ def result(client: "Client", job_id: str, total: float) -> Any:
     (``Client.result`` documents both)."""
     deadline = time.monotonic() + total
     owner, status = locate(client, job_id, total)
+    if status.state == "unknown" and not status.unanswered and not isinstance(job_id, Job):
+        raise JobNotFound(job_id, known_endpoints(client))
     if owner is not client:
         return owner.result(job_id, timeout=max(0.001, deadline - time.monotonic()))
     while not status.finished:
@@ -76,6 +78,11 @@ def locate(client: "Client", job_id: str, timeout: float, *,
             return owner, status
         unanswered.extend(status.unanswered)
     return client, JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
+
+
+def known_endpoints(client: "Client") -> list[str]:
+    """The endpoints of ``client`` and of its routes' clients."""
+    return [*client.endpoints, *(endpoint for routed in client._routed.values() for endpoint in known_endpoints(routed))]
 
 
 def admin(client: "Client", name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
