@@ -64,3 +64,10 @@ def huge_int():
 def blob(size):
     """``size`` bytes of result."""
     return b"x" * size
+
+
+@registry.task
+def nap(seconds, value):
+    """Sleeps cooperatively, then returns ``value``."""
+    gevent.sleep(seconds)
+    return value

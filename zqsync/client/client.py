@@ -34,7 +34,7 @@ from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
-from . import discovery, express, health, lookups, notices, transport
+from . import discovery, express, health, lookups, notices, transport, waits
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import Job, JobStatus
@@ -120,6 +120,7 @@ class Client:
         self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options, send_only=True)
         self._avoided = notices.Avoided()
         self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options)
+        self._waits = waits.Waits(self._dealer)  # result() long-polls, outside the pool's cap (waits.py)
         self._health = health.Health(
             functools.partial(health.ping, self._dealer, timeout=self.settings.probe_timeout),
             backoff=self.settings.probe_backoff, backoff_max=self.settings.probe_backoff_max,
@@ -129,7 +130,7 @@ class Client:
         )
         self._closed = False
         # A client let go without close() still closes its sockets (with their linger) when collected.
-        weakref.finalize(self, _close_pools, self._push, self._dealer)
+        weakref.finalize(self, _close_pools, self._push, self._dealer, self._waits)
         self._config = (names, self.settings, curve)
         _common.track_client(self)
         self._routed = {
@@ -408,10 +409,10 @@ class Client:
         return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
 
     def _call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
-                 address: Optional[str] = None) -> envelope.Reply:
+                 address: Optional[str] = None, multiplexed: bool = False) -> envelope.Reply:
         request_id = os.urandom(16).hex()
         frame = envelope.encode_request("call", request_id, name, args, kwargs, deadline=timeout)
-        return self._request(frame, request_id, name, timeout, address=address)
+        return self._request(frame, request_id, name, timeout, address=address, multiplexed=multiplexed)
 
     # -- job handles ---------------------------------------------------------
 
@@ -469,10 +470,11 @@ class Client:
 
     def _request(
         self, frame: bytes, request_id: str, task: str, timeout: float, *, address: Optional[str] = None,
-        send_within: Optional[float] = None,
+        send_within: Optional[float] = None, multiplexed: bool = False,
     ) -> envelope.Reply:
         """One request/reply on a pooled DEALER socket (to ``address``, default every worker), within
-        ``timeout`` seconds in all, and within ``send_within`` for the send if given.
+        ``timeout`` seconds in all, and within ``send_within`` for the send if given; ``multiplexed``:
+        on the caller's long-poll channel instead, outside the pool's cap (``waits.py``).
 
         :raises health.Unsent: (a :class:`CallTimeout`) no connection took the request within
             ``send_within`` (a wait for the lease that left less than that raises a plain ``CallTimeout``:
@@ -482,6 +484,11 @@ class Client:
         if self._discovery is not None:
             self._rediscover()
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
+        if multiplexed:
+            reply = self._waits.request(target, frame, request_id, timeout)
+            if reply is None:
+                raise CallTimeout(task, timeout, list(self.endpoints))
+            return reply
         with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
             if send_within is not None and deadline - time.monotonic() < min(send_within, timeout) - 0.001:
                 send_within = None
@@ -536,7 +543,7 @@ class Client:
         self._closed = True
         for routed in self._routed.values():
             routed.close(linger=linger)
-        _close_pools(self._push, self._dealer, linger)
+        _close_pools(self._push, self._dealer, self._waits, linger)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -574,9 +581,11 @@ def _warn_event_loop() -> None:
     )
 
 
-def _close_pools(push: SocketPool, dealer: SocketPool, linger: Optional[float] = None) -> None:
-    """Close a client's job pool (queued jobs get ``linger``, default the client's) and its rpc pool."""
+def _close_pools(push: SocketPool, dealer: SocketPool, long_polls: waits.Waits, linger: Optional[float] = None) -> None:
+    """Close a client's job pool (queued jobs get ``linger``, default the client's), its long-poll
+    channels and its rpc pool."""
     push.close(linger=linger)
+    long_polls.close()
     dealer.close(linger=0 if linger is None else linger)
 
 

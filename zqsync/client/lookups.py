@@ -86,8 +86,9 @@ def known_endpoints(client: "Client") -> list[str]:
 
 
 def admin(client: "Client", name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
-    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`."""
-    reply = client._call_at(name, args, {}, timeout, address=rpc)
+    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`.
+    A long-poll (``zqsync.result``) travels on the caller's long-poll channel, holding no pooled socket."""
+    reply = client._call_at(name, args, {}, timeout, address=rpc, multiplexed=name == "zqsync.result")
     if not reply.ok:
         raise remote_error_of(reply)
     return JobStatus.from_reply(reply.result, base_of(rpc))

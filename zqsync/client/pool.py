@@ -169,6 +169,7 @@ class SocketPool:
         self._leased: dict[zmq.Socket, Any] = {}  # socket -> holder greenlet
         self._sent: dict[zmq.Socket, int] = {}  # send-only socket -> messages handed to it
         self._retired: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()  # to close when their lease ends
+        self._dedicated: set[zmq.Socket] = set()  # open_dedicated's, outside every bucket and permit
         self._in_flight = 0
         self._live = 0
         # Written last: a thread racing the reset still sees a mismatch (redis-py's _checkpid).
@@ -179,7 +180,7 @@ class SocketPool:
         self._stats["forks_detected"] += 1
         me = greenlet.getcurrent()
         doomed = [holder for holder in self._leased.values() if holder is not me]
-        for sock in [*self._leased, *(sock for bucket in self._idle.values() for sock in bucket)]:
+        for sock in [*self._leased, *self._dedicated, *(sock for bucket in self._idle.values() for sock in bucket)]:
             _common.disown(sock)
         if self._context is not None:
             _common.orphans.append(self._context)
@@ -359,6 +360,43 @@ class SocketPool:
             self._live += 1
             self._enter_flight(sock, holder)
         return sock
+
+    def open_dedicated(self, address: Address) -> zmq.Socket:
+        """A plain (never ``zmq.green``) socket to ``address``, configured as the pool's, outside its
+        buckets and its ``pool_size`` cap; the caller owns it (``waits.py`` multiplexes long-polls on it)
+        and closes it with :meth:`close_dedicated`. It counts against ``max_sockets``, and the pool's
+        context terminates only after it is closed. After a fork the child disowns it (rule 9).
+
+        :raises PoolError: the pool is closed or the socket budget is spent.
+        """
+        if self._pid != os.getpid():
+            self._check_fork()
+        if self._closed:
+            raise PoolError("this SocketPool is closed")
+        if self._live >= self.max_sockets:
+            raise self._budget_error()
+        sock = zmq.Socket(self._context_for_process(), self.socket_type)
+        try:
+            self._configure(sock, address)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        with self._lock:
+            self._stats["opened"] += 1
+            self._live += 1
+            self._dedicated.add(sock)
+        return sock
+
+    def close_dedicated(self, sock: zmq.Socket) -> None:
+        """Close a socket of :meth:`open_dedicated` at once (``linger=0``: it only carries requests whose
+        waiters are gone); the context terminates now if the pool was closed and nothing else is open."""
+        with self._lock:
+            if sock not in self._dedicated:
+                return
+            self._dedicated.discard(sock)
+            self._live -= 1
+        sock.close(linger=0)
+        self._term_if_closed()
 
     def check_fds(self) -> None:
         """A request failed or a job was dropped: if this process is out of descriptors now, the likely
@@ -598,7 +636,7 @@ class SocketPool:
             queued_at_most = sum(self._queued_at_most(sock, address) for sock, address in idle)
             for sock, _ in idle:
                 self._forget(sock)
-            context, in_flight = self._context, self._in_flight
+            context, in_flight = self._context, self._in_flight + len(self._dedicated)
             if in_flight == 0:
                 self._context = None
         for sock, _ in idle:
@@ -620,7 +658,7 @@ class SocketPool:
         if not self._closed:
             return
         with self._lock:
-            if self._in_flight or self._context is None or self._pid != os.getpid():
+            if self._in_flight or self._dedicated or self._context is None or self._pid != os.getpid():
                 return
             context, self._context = self._context, None
         context.term()

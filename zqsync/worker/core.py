@@ -39,6 +39,9 @@ STOP_COUNTERS = ("jobs_discarded_on_stop", "calls_refused_on_stop", "confirms_ig
 WAITING_CALLS = 1000
 #: The worker's own ``zqsync.*`` calls answered at once (they need no task slot).
 ADMIN_CALLS = 64
+#: ``zqsync.result`` long-polls waiting at once, apart from ADMIN_CALLS: a client multiplexes any number
+#: on one connection (``client/waits.py``), and each only sleeps on an event (``status.py``).
+LONG_POLLS = 10_000
 
 
 class Core:
@@ -81,6 +84,7 @@ class Core:
         self._calls = gevent.pool.Group()
         self._waiting = gevent.pool.Pool(WAITING_CALLS)
         self._admin = gevent.pool.Pool(ADMIN_CALLS)
+        self._long_polls = gevent.pool.Pool(LONG_POLLS)
         self._backlog: collections.deque[bytes] = collections.deque()
         self._stopping = False
         self._replied_at = 0.0
@@ -145,7 +149,8 @@ class Core:
         :returns: the runner's counters (see below), ``pid``, ``uptime`` (seconds),
             ``state`` (``up``, ``busy``: every slot taken, ``stopping``), ``tasks`` (names),
             ``identities_by_pid``: ``{client pid: distinct socket identities
-            seen on rpc}``, ``identities`` (distinct rpc identities, as str),
+            seen on rpc}``, ``identities`` (distinct rpc identities, as str), ``long_polls``
+            (``zqsync.result`` calls waiting now),
             when the worker binds its own sockets, ``connections_jobs`` /
             ``connections_rpc`` and ``disconnections_jobs`` /
             ``disconnections_rpc``: TCP connections accepted and lost since start;
@@ -181,6 +186,7 @@ class Core:
             "tasks": self.registry.names(),
             "identities_by_pid": dict(by_pid),
             "identities": [identity.decode("utf-8", "replace") for identity in self.identities],
+            "long_polls": len(self._long_polls),
             **self.intake.connections,
             "nofile": fdlimit.limits(),
             "durations": self.runner.durations.percentiles(),

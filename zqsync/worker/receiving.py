@@ -115,7 +115,8 @@ class Receiving(Core):
         elif decoded[0].kind == "confirm":
             self._admit(envelope, *decoded)
         elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
-            self._admin.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
+            pool = self._long_polls if decoded[0].task == "zqsync.result" else self._admin
+            pool.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
         elif self._slots.free_count() and not len(self._waiting):
             if not self._inline(1, self._answer, self.runner.answer_call, envelope, *decoded):
                 return None  # handed off: the credit was counted then

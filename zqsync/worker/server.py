@@ -111,7 +111,7 @@ class Worker(Receiving, Shutdown):
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.intake.greenlets, *self.scheduler.greenlets(),
                   *self.watchdog.greenlets(), *self._slots.greenlets, *self._calls.greenlets,
-                  *self._waiting.greenlets, *self._admin.greenlets,
+                  *self._waiting.greenlets, *self._admin.greenlets, *self._long_polls.greenlets,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:

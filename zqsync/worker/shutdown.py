@@ -152,7 +152,7 @@ class Shutdown(Core):
 
     def _retire_rpc(self) -> None:
         """Close the rpc socket once the in-flight calls are answered (refusing new ones meanwhile)."""
-        while len(self._calls) or len(self._waiting) or len(self._admin):
+        while len(self._calls) or len(self._waiting) or len(self._admin) or len(self._long_polls):
             self._calls.join(timeout=0.05)
         self._admissions.join(timeout=5.0)
         # Closing a TCP socket with unread input (a client's heartbeat, say)
