@@ -44,6 +44,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[BURNERS] = cpu_load.start(count)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under monkey-patching, skip the tests whose every check runs in processes they start (marked
+    ``processes_only``): the plain run already ran them, unchanged by this process's patching."""
+    if not MONKEY_PATCHED:
+        return
+    skip = pytest.mark.skip(reason="processes_only: what it checks runs in the processes it starts, "
+                            "the same in both tox envs; the plain env runs it")
+    for item in items:
+        if item.get_closest_marker("processes_only"):
+            item.add_marker(skip)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Kill the burners (also after Ctrl-C: pytest unconfigures then too)."""
     cpu_load.stop(config.stash.get(BURNERS, []))

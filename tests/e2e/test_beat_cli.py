@@ -3,6 +3,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.processes_only
+
 
 def zqsync(*args):
     return subprocess.run([sys.executable, "-m", "zqsync", *args], capture_output=True, text=True, timeout=60)

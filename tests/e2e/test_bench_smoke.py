@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.processes_only
+
 SCENARIOS = {"pool", "worker", "zerorpc", "congestion", "rq", "endtoend", "fork", "prefork", "gunicorn"}
 #: Scenarios that need nothing beyond the test extra, so they must have run.
 ALWAYS_RUN = {"pool", "worker", "congestion", "fork", "prefork", "gunicorn"}

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.processes_only
+
 
 def zqsync_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "zqsync", *args], capture_output=True, text=True, timeout=timeout)

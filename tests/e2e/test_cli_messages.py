@@ -11,6 +11,8 @@ import pytest
 import zqsync
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.processes_only
+
 
 def zqsync_cli(*args: str, cwd: str | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "zqsync", *args], cwd=cwd, capture_output=True, text=True,

@@ -25,6 +25,7 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-dev-shm-usage", "--window-size=1300,1500")
 
 pytestmark = [
+    pytest.mark.processes_only,
     pytest.mark.timeout(150),
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"no {CHROMIUM}: apt-get install chromium chromium-driver"),
     pytest.mark.skipif(not os.path.exists(CHROMEDRIVER), reason="no chromedriver: apt-get install chromium-driver"),

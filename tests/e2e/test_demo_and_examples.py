@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.processes_only
+
 
 def test_zqsync_demo_exits_zero_and_shows_reuse(root):
     result = subprocess.run(

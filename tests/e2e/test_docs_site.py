@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.processes_only
+
 pytest.importorskip("mkdocs")
 pytest.importorskip("material")
 pytest.importorskip("mkdocstrings_handlers.python")

@@ -23,7 +23,7 @@ import requests
 from tests.helpers import wait_for
 from zqsync.processes import GunicornProcess
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes_only, pytest.mark.timeout(120)]
 
 STALL = 4.5
 

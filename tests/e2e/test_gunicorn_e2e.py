@@ -16,6 +16,8 @@ import requests
 from tests.helpers import wait_for
 from zqsync.processes import GunicornProcess
 
+pytestmark = pytest.mark.processes_only
+
 REQUESTS = 300
 POOL_SIZE = 4
 

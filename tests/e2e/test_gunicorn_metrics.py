@@ -13,6 +13,8 @@ import requests
 from tests.helpers import slack, wait_for
 from zqsync.processes import GunicornProcess
 
+pytestmark = pytest.mark.processes_only
+
 REQUESTS = 400
 
 

@@ -12,6 +12,8 @@ import pytest
 
 import zqsync
 
+pytestmark = pytest.mark.processes_only
+
 
 @pytest.mark.timeout(300)
 def test_wheel_has_license_py_typed_classifiers_and_the_package_version(root, tmp_path):

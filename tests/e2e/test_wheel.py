@@ -10,6 +10,8 @@ import venv
 
 import pytest
 
+pytestmark = pytest.mark.processes_only
+
 
 def run(command: list[str], *, cwd: str, timeout: float) -> subprocess.CompletedProcess:
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "ZQSYNC_TEST_MONKEY")}
