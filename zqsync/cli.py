@@ -8,13 +8,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import itertools
 import json
 import logging
 import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from . import __version__, fdlimit, settings
 from ._worker_cli import (
@@ -496,21 +497,30 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             return _purge(journal, args)
         if args.action == "cancel":
             return _cancel_local(journal, args)
-        rows = journal.rows(args.state or ("pending", "dead"), ids=args.job_ids or (), limit=args.limit)
-        counts = journal.counts()
+        _list_jobs(journal, args)
     finally:
         journal.close()
+    return 0
+
+
+def _list_jobs(journal: Any, args: argparse.Namespace) -> None:
+    """Print the jobs ``zqsync jobs`` lists, as read: ``--job-id``s at once, a state's jobs ``batch`` rows at a
+    time (``iter_rows``), so memory stays flat however many there are."""
+    if args.job_ids:
+        rows: Iterable[Any] = journal.rows(ids=args.job_ids, limit=args.limit)
+    else:
+        rows = itertools.islice(journal.iter_rows(args.state or ("pending", "dead")), args.limit)
     if args.json:
         for row in rows:
             print(json.dumps(_job_json(row), default=repr))
-        return 0
+        return
     print(f"{'id':32}  {'task':20}  {'state':7}  {'tries':>5}  {'error':30}  body")
     for row in rows:
         body = _job_json(row)
         call = json.dumps({"args": body["args"], "kwargs": body["kwargs"]}, default=repr)
         print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
+    counts = journal.counts()
     print("totals: " + ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) if counts else "totals: none")
-    return 0
 
 
 def _jobs_journal(args: argparse.Namespace) -> tuple[str, str]:

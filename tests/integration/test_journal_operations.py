@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -120,3 +121,47 @@ def test_a_replacement_child_that_fails_to_boot_is_retried_while_its_sibling_ser
         broken.unlink()
         wait_for(lambda: len({client.call("zqsync.stats")["pid"] for _ in range(20)}) == 2, timeout=30,
                  what="the replacement to boot once the deploy is complete")
+
+
+#: Runs the CLI and prints its peak RSS (``VmHWM``: ``ru_maxrss`` would carry the forking test process's).
+RSS_OF_CLI = (
+    "import runpy, sys\n"
+    "sys.argv = ['zqsync', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('zqsync', run_name='__main__')\n"
+    "except SystemExit:\n"
+    "    pass\n"
+    "hwm = [line for line in open('/proc/self/status') if line.startswith('VmHWM')][0]\n"
+    "sys.stderr.write('maxrss_kb %s\\n' % hwm.split()[1])\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_listing_a_big_journal_streams_its_rows_at_flat_memory(tmp_path):
+    """``zqsync jobs --json`` on 200,000 dead jobs prints every row and keeps its RSS near an empty
+    listing's (it read every row into a list first: 222 MB against 44 MB)."""
+    from zqsync.wire.envelope import encode_request
+    from zqsync.worker.journal import SqliteJournal, journal_path
+
+    state = tmp_path / "state"
+    state.mkdir()
+    SqliteJournal(str(state)).close()  # the schema
+    rows = 200_000
+    with sqlite3.connect(journal_path(str(state))) as db:
+        db.executemany("INSERT INTO jobs (id, task, body, state, attempts, created_at, updated_at) "
+                       "VALUES (?, 'add', ?, 'dead', 1, ?, ?)",
+                       ((f"job-{n:07d}", encode_request("confirm", f"job-{n:07d}", "add", (n, "x" * 100), {}), n, n)
+                        for n in range(rows)))
+
+    def listing(*states: str) -> tuple[int, int]:
+        argv = [sys.executable, "-c", RSS_OF_CLI, "jobs", "--json", "--limit", "1000000", "--state-dir", str(state)]
+        for name in states:
+            argv += ["--state", name]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+        return result.stdout.count("\n"), int(result.stderr.split("maxrss_kb ")[1].split()[0])
+
+    printed, rss_kb = listing("dead")
+    _, empty_kb = listing("cancelled")
+    print(f"zqsync jobs --json on {rows} rows: RSS {rss_kb / 1024:.0f} MB; on none {empty_kb / 1024:.0f} MB")
+    assert printed == rows
+    assert rss_kb < empty_kb + 20 * 1024, "the listing held the rows in memory"
