@@ -17,19 +17,10 @@ import pytest
 
 import zqsync
 from tests.helpers import slack
-from zqsync.worker import Registry
-from zqsync.worker.inprocess import InProcessWorker
 
 dns_message = pytest.importorskip("dns.message", reason="dnspython (zqsync[dns]) is not installed")
 import dns.rdatatype  # noqa: E402
 import dns.rrset  # noqa: E402
-
-registry = Registry()
-
-
-@registry.task
-def echo(value):
-    return value
 
 
 def answer(nameserver: socket.socket, data: bytes, peer) -> None:
@@ -43,8 +34,9 @@ def answer(nameserver: socket.socket, data: bytes, peer) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_confirmed_job_sent_while_the_first_look_up_is_unanswered_is_confirmed_not_failed(tmp_path):
-    worker = InProcessWorker(registry, state_dir=str(tmp_path / "state")).start()
+def test_a_confirmed_job_sent_while_the_first_look_up_is_unanswered_is_confirmed_not_failed(zq_worker, tmp_path):
+    # A worker process: an in-process worker with a journal printed a replay on its closed journal at stop.
+    worker = zq_worker(extra_args=["--state-dir", str(tmp_path / "state")])
     nameserver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         nameserver.bind(("127.0.0.1", 0))
@@ -79,4 +71,3 @@ def test_a_confirmed_job_sent_while_the_first_look_up_is_unanswered_is_confirmed
         assert outcomes == {"first": "confirmed", "second": "confirmed"}
     finally:
         nameserver.close()
-        worker.stop()
