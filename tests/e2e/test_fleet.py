@@ -37,9 +37,10 @@ from collections import Counter
 import pytest
 
 from tests.conftest import MONKEY_PATCHED
-from tests.e2e.fleet import PORT, RESOLVE_INTERVAL, Fleet, arithmetic, left_the_name, tally
+from tests.e2e.fleet import RESOLVE_INTERVAL, Fleet, arithmetic, left_the_name, tally
 from tests.helpers import slack, wait_for
 from zqsync.client.rendezvous import rank
+from zqsync.wire.endpoints import split_endpoint
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -126,7 +127,7 @@ def test_a_fleet_under_a_healed_cut_a_deleted_host_an_added_worker_and_dns_chang
     except AssertionError:
         count = tally(fleet, "w2", IN_FLIGHT)
     plain, confirmed, calls, lost = count["p"], count["c"], count["k"], count["lost"]
-    rpc = [f"tcp://10.254.7.{11 + n}:{PORT + 1}" for n in range(3)]  # w1..w3, the workers before w4 joined
+    rpc = [split_endpoint(endpoints[label])[1] for label in ("w1", "w2", "w3")]  # the workers before w4 joined
     prefers = {key: f"w{rpc.index(rank(key, rpc)[0]) + 1}" for key in confirmed["twice"]}
     starts = [event["s"] - deleted for events in count["events"].values() for event in events if event.get("id") in lost]
     print(f"\nfleet ({'patched' if MONKEY_PATCHED else 'plain'} clients): {arithmetic(count)}; the lost were sent "
