@@ -27,9 +27,11 @@ A name is looked up again every ``resolve_interval`` seconds, or sooner when a n
 carries a shorter TTL (never more often than every :data:`MIN_TTL` seconds); ``getaddrinfo``
 reports no TTL, so the interval applies. The look-up is made by the first request that finds it
 due, in that request, while every other request goes on with the endpoints known so far: no lock,
-so no greenlet can wait on another's look-up. A look-up that fails, or finds no address, keeps that
-name's previous endpoints (logged at WARNING); only the very first one raises. The state is per
-process: a forked child starts from its parent's endpoints and re-resolves on its own schedule.
+so no greenlet can wait on another's look-up. Until a look-up has found an address there are none to
+go on with, so every request makes its own (a confirmed job sent meanwhile raised ``IndexError``).
+A look-up that fails, or finds no address, keeps that name's previous endpoints (logged at
+WARNING); only the very first one raises. The state is per process: a forked child starts from its
+parent's endpoints and re-resolves on its own schedule.
 
 The client then connects to new endpoints and drains vanished ones (``SocketPool.drain``).
 Rendezvous hashing (``rendezvous.py``) ranks the expanded endpoints, so an address that appears or
@@ -114,16 +116,16 @@ class Discovery:
     def current(self) -> tuple[str, ...]:
         """The base endpoints now, after a look-up if one is due (made by this caller).
 
-        Blocks for the look-up only when one is due: up to the resolver's timeouts (``getaddrinfo``'s,
-        or :data:`LOOKUP_LIFETIME` seconds per name at a ``resolver``); cooperatively under gevent's
-        monkey-patching.
+        Blocks for the look-up only when one is due, or no address is known yet: up to the resolver's
+        timeouts (``getaddrinfo``'s, or :data:`LOOKUP_LIFETIME` seconds per name at a ``resolver``);
+        cooperatively under gevent's monkey-patching.
 
         :raises PoolError: no name resolved to any address yet (the message gives each one's error).
         """
         now = time.monotonic()
-        if now < self._due:
+        if now < self._due and self.endpoints:
             return self.endpoints
-        self._due = now + self.interval  # every other caller goes on with the endpoints known so far
+        self._due = now + self.interval  # every other caller goes on with the endpoints known so far, if any
         ttl, problems = self.interval, []
         for name in self.names:
             try:
