@@ -425,9 +425,16 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
         raise SystemExit("zqsync worker: --curve-secret-key and --allow-client-keys go together")
     fields = {field.name for field in dataclasses.fields(settings.WorkerSettings)}
     try:
-        return settings.WorkerSettings(**{name: value for name, value in vars(args).items() if name in fields})
+        config = settings.WorkerSettings(**{name: value for name, value in vars(args).items() if name in fields})
     except ConfigurationError as exc:
         raise SystemExit(f"zqsync worker: --{exc.setting.replace('_', '-')}: {exc}") from None
+    if config.state_dir:  # here, before any child starts: each would fail on it, with a traceback
+        try:
+            os.makedirs(config.state_dir, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"zqsync worker: cannot open the journal in {config.state_dir}: "
+                             f"{exc.strerror or exc} (--state-dir must name a directory this user can write)") from None
+    return config
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -94,3 +94,26 @@ def test_a_worker_on_a_port_in_use_says_so_in_one_line(how):
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert f"zqsync worker: ConfigurationError: cannot bind {busy}: Address already in use" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["worker", "worker --processes 2", "jobs"])
+def test_a_state_dir_that_cannot_be_made_or_written_is_one_line_and_exit_1(tmp_path, command):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a file where the state directory's parent should be: makedirs fails, even as root
+    state = str(blocker / "state")
+    args = ["--state-dir", state] if command == "jobs" else ["zqsync.demo.tasks", "--bind", "tcp://127.0.0.1:0",
+                                                              "--state-dir", state]
+    result = zqsync_cli(*command.split(), *args, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    expected = f"no journal in '{state}'" if command == "jobs" else f"cannot open the journal in {state}"
+    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_journal_file_that_is_not_a_database_is_one_line_with_the_recover_command(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "journal.sqlite3").write_bytes(b"not a database " * 100)
+    result = zqsync_cli("worker", "zqsync.demo.tasks", "--bind", "tcp://127.0.0.1:0", "--state-dir", str(state))
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"run `zqsync jobs recover --state-dir {state}`" in result.stderr, result.stderr

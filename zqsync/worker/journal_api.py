@@ -266,14 +266,22 @@ def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float =
     :param busy_timeout: seconds a write waits for another's lock before it fails.
     :param lease: PostgreSQL: seconds an owner's lease lasts unless renewed (ignored by SQLite, whose
         owners hold an ``flock`` for as long as they live).
-    :raises ConfigurationError: a bad URL, or ``psycopg`` not installed for a PostgreSQL URL.
-    :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
+    :raises ConfigurationError: a bad URL, ``psycopg`` not installed for a PostgreSQL URL, or a SQLite
+        journal that cannot be opened (its directory cannot be made, its file is not a database).
+    :raises psycopg.Error: a PostgreSQL journal cannot be opened.
     """
     kind, target = parse_journal_url(url)
     if kind == "sqlite":
+        import sqlite3
+
         from .journal import SqliteJournal
 
-        return SqliteJournal(target, synchronous=synchronous, busy_timeout=busy_timeout)
+        try:
+            return SqliteJournal(target, synchronous=synchronous, busy_timeout=busy_timeout)
+        except (OSError, sqlite3.Error) as exc:
+            damaged = isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
+            hint = f" (a damaged file: run `zqsync jobs recover --state-dir {target}`)" if damaged else ""
+            raise ConfigurationError(f"cannot open the journal in {target}: {exc}{hint}", setting="state_dir") from exc
     if importlib.util.find_spec("psycopg") is None:
         raise ConfigurationError("a PostgreSQL journal needs psycopg: pip install 'zqsync[postgresql]'",
                                  setting="journal")
