@@ -94,6 +94,19 @@ def _age(text: str) -> float:
     return value
 
 
+class _PrintCompletion(argparse.Action):
+    """``--print-completion SHELL``: the completion script shtab generates from the whole parser."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        try:
+            import shtab
+        except ImportError:
+            parser.exit(1, "zqsync: --print-completion needs shtab: pip install 'zqsync[completion]'\n")
+        print(shtab.complete(parser, shell=values))
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand (one ``_add_*`` function each)."""
     parser = argparse.ArgumentParser(
@@ -102,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
     )
     parser.add_argument("-V", "--version", action="version", version=f"zqsync {__version__}")
+    parser.add_argument("--print-completion", choices=("bash", "zsh", "tcsh"), action=_PrintCompletion,
+                        help="print a shell completion script and exit (needs shtab: pip install 'zqsync[completion]'); "
+                             "for bash: zqsync --print-completion bash > /etc/bash_completion.d/zqsync")
     common = argparse.ArgumentParser(add_help=False)
     add_logging_options(common)
     curve_client = argparse.ArgumentParser(add_help=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -117,3 +118,17 @@ def test_a_journal_file_that_is_not_a_database_is_one_line_with_the_recover_comm
     result = zqsync_cli("worker", "zqsync.demo.tasks", "--bind", "tcp://127.0.0.1:0", "--state-dir", str(state))
     assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert f"run `zqsync jobs recover --state-dir {state}`" in result.stderr, result.stderr
+
+
+def test_the_bash_completion_script_completes_commands_and_their_options(tmp_path):
+    pytest.importorskip("shtab", reason="shtab is not installed (the test extra has it)")
+    if not shutil.which("bash"):
+        pytest.skip("no bash")
+    result = zqsync_cli("--print-completion", "bash")
+    assert result.returncode == 0, result.stderr
+    (tmp_path / "zqsync.bash").write_text(result.stdout)
+    script = (f"source {tmp_path / 'zqsync.bash'}\n"
+              "COMP_WORDS=(zqsync wor); COMP_CWORD=1; _shtab_zqsync; echo \"${COMPREPLY[*]}\"\n"
+              "COMP_WORDS=(zqsync worker --proc); COMP_CWORD=2; _shtab_zqsync; echo \"${COMPREPLY[*]}\"\n")
+    completed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert completed.stdout.split("\n")[:2] == ["worker", "--processes"], completed.stdout + completed.stderr
