@@ -27,6 +27,14 @@ Time in eager mode:
 * time limits hold only for tasks that yield to gevent (a worker also ends
   tasks that hold the GIL, from its watchdog thread).
 
+A job enqueued inside an open Django transaction (``transaction.atomic()``,
+not the one ``django.test.TestCase`` wraps each test in) warns with
+:class:`~zqsync.errors.ZqsyncWarning`, or raises
+:class:`~zqsync.errors.EnqueuedInTransaction` with ``in_transaction="error"``:
+in eager mode it runs at once and sees the rows the transaction has not
+committed, while a real worker may run it before the commit, or after a
+rollback, and not see them. Enqueue from ``transaction.on_commit`` instead.
+
 Not simulated: the network, congestion control and the journal's
 durability. The patch is process-wide, so do not run two eager blocks at
 once from different threads.
@@ -37,12 +45,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
+import warnings
 from typing import Any, Iterator, NamedTuple, Optional
 
 from .client.client import Client
 from .client.lookups import remote_error_of
-from .errors import ProtocolError, RemoteError
+from .errors import EnqueuedInTransaction, ProtocolError, RemoteError, ZqsyncWarning
 from .wire import envelope
 from .worker.registry import Registry
 from .worker.runner import Runner, unsendable
@@ -77,12 +87,17 @@ class EagerRecorder:
     """What an :func:`eager` block ran, and the stand-in worker's book. ``jobs`` lists every job run, in order.
 
     :ivar propagate: raise a job's final failure from ``enqueue`` (as :class:`RemoteError`).
+    :ivar in_transaction: what a job enqueued inside an open database transaction does: ``"warn"``,
+        ``"error"`` or ``"ignore"`` (the module docstring says why).
     :ivar now: the block's clock, epoch seconds: the real time plus what :meth:`advance` added.
     """
 
-    def __init__(self, registry: Registry, *, propagate: bool) -> None:
+    def __init__(self, registry: Registry, *, propagate: bool, in_transaction: str = "warn") -> None:
+        if in_transaction not in ("warn", "error", "ignore"):
+            raise ValueError(f"in_transaction must be 'warn', 'error' or 'ignore', got {in_transaction!r}")
         self.runner = Runner(registry)
         self.propagate = propagate
+        self.in_transaction = in_transaction
         self.jobs: list[EagerJob] = []
         self._offset = 0.0
         self._book: dict[str, dict[str, Any]] = {}  # job id -> the status a worker would answer
@@ -92,6 +107,19 @@ class EagerRecorder:
     def now(self) -> float:
         """The block's clock, epoch seconds (float): the wall clock plus what :meth:`advance` added."""
         return time.time() + self._offset
+
+    def check_transaction(self, task: str) -> None:
+        """Warn or raise (:attr:`in_transaction`) when a job is enqueued inside an open database transaction."""
+        if self.in_transaction == "ignore":
+            return
+        where = open_transaction()
+        if where is None:
+            return
+        message = (f"job {task!r} enqueued inside {where}: a worker may run it before the commit (or after a rollback) "
+                   "and not see its rows; enqueue it from transaction.on_commit(...)")
+        if self.in_transaction == "error":
+            raise EnqueuedInTransaction(message)
+        warnings.warn(message, ZqsyncWarning, stacklevel=_caller_level())
 
     def failed(self) -> list[EagerJob]:
         """The jobs whose last attempt failed."""
@@ -184,6 +212,34 @@ class EagerRecorder:
         return dict(status)
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` that names the first caller outside zqsync (the line that enqueued)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def open_transaction() -> Optional[str]:
+    """The open database transaction the caller is in, described, or ``None``: a Django ``atomic`` block
+    other than those ``django.test.TestCase`` opens (Django's own ``durable`` check tells them apart the
+    same way). Never imports Django: an app that has not imported ``django.db`` is in none."""
+    if "django.db" not in sys.modules:
+        return None
+    from django.db import connections
+
+    try:
+        aliases = list(connections)
+    except Exception:  # settings not configured: no database to be in
+        return None
+    for alias in aliases:
+        blocks = getattr(connections[alias], "atomic_blocks", [])
+        if any(not getattr(block, "_from_testcase", False) for block in blocks):
+            return f"a transaction.atomic() block on database {alias!r}"
+    return None
+
+
 def _status(request: envelope.Request, state: str, now: float) -> dict[str, Any]:
     return {"id": request.id, "state": state, "task": request.task, "attempts": 0, "result": None, "error": None,
             "enqueued_at": now, "started_at": None, "finished_at": None, "due": None, "worker": WORKER,
@@ -195,13 +251,16 @@ def _error(info: tuple[str, str, str]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecorder]:
+def eager(registry: Registry, *, propagate: bool = False, in_transaction: str = "warn") -> Iterator[EagerRecorder]:
     """Run every client's jobs and calls in this process, against ``registry``, within the block.
 
     :param registry: the tasks to run (your app's :class:`~zqsync.worker.Registry`).
     :param propagate: a job that fails for good raises :class:`RemoteError`
         from ``enqueue`` (or from :meth:`EagerRecorder.advance` for a delayed
         one); by default it is recorded in ``recorder.jobs``.
+    :param in_transaction: ``"warn"`` (:class:`ZqsyncWarning`), ``"error"``
+        (:class:`EnqueuedInTransaction` from ``enqueue``) or ``"ignore"``: a job
+        enqueued inside an open Django transaction (module docstring).
     :returns: an :class:`EagerRecorder` (``.jobs``, ``.failed()``, ``.advance()``).
     :raises ProtocolError: (from ``enqueue``/``call``) an argument that the wire would refuse.
     :raises ConfigurationError: an option the client refuses, as without eager mode.
@@ -209,14 +268,16 @@ def eager(registry: Registry, *, propagate: bool = False) -> Iterator[EagerRecor
     Blocks only as long as the tasks run. Clients keep their settings and
     open no socket while eager.
     """
-    recorder = EagerRecorder(registry, propagate=propagate)
+    recorder = EagerRecorder(registry, propagate=propagate, in_transaction=in_transaction)
     saved = Client._send_job, Client._confirm, Client._request
 
     def send_job(self: Client, frame: bytes, job_id: str, mode: Any, send_timeout: Optional[float]) -> str:
+        recorder.check_transaction(envelope.decode_request(frame).task)
         recorder.job(frame, confirmed=False)
         return job_id
 
     def confirm(self: Client, frame: bytes, job_id: str, task: str, total: float) -> None:
+        recorder.check_transaction(task)
         refused = recorder.job(frame, confirmed=True)
         if refused is not None:
             raise remote_error_of(envelope.decode_reply(refused))

@@ -123,6 +123,11 @@ class Unconfirmed(ZqsyncError):
         self.timeout = timeout
 
 
+class EnqueuedInTransaction(ZqsyncError):
+    """Eager mode with ``in_transaction="error"``: a job was enqueued inside an open database transaction
+    (``zqsync.eager``: a real worker may run it before the commit, or after a rollback)."""
+
+
 class JobNotFound(ZqsyncError, LookupError):
     """Every worker that could hold a job id answered that it does not (``Client.result``).
 
