@@ -47,6 +47,7 @@ import logging
 import os
 import sys
 import time
+import types
 import warnings
 from typing import Any, Iterator, NamedTuple, Optional
 
@@ -215,7 +216,8 @@ class EagerRecorder:
 def _caller_level() -> int:
     """The ``stacklevel`` that names the first caller outside zqsync (the line that enqueued)."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1
     return level

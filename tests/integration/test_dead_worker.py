@@ -215,7 +215,10 @@ def test_a_worker_that_answers_again_is_taken_back_promptly(three, zq_worker, tm
         for _ in range(20):
             confirm_next()
     print(f"taken back after {taken_back:.3f} s; max latency {max(latencies):.3f} s")
-    assert max(latencies) <= slack(1.0), [round(seconds, 3) for seconds in latencies if seconds > 0.2]
+    slowest = sorted(latencies)
+    # One job may find w0 dead (up to confirm_retry + a probe: rendezvous.py); no other waits on the way.
+    assert slowest[-1] <= slack(CONFIRM_RETRY + 2 * PROBE_TIMEOUT), [round(s, 3) for s in latencies if s > 0.2]
+    assert slowest[-2] <= slack(1.0), [round(seconds, 3) for seconds in latencies if seconds > 0.2]
     assert_each_ran_once(tmp_path, workers, sent)
     assert ran(tmp_path, ["w0"])["w0"].keys() & set(sent) <= set(sent[before:]), "w0 ran jobs sent while it was dead"
     assert set(sent[-20:]) <= ran(tmp_path, ["w0"])["w0"].keys(), "jobs that prefer w0 did not go back to it"
@@ -267,3 +270,33 @@ def test_a_child_forked_while_a_probe_is_in_flight_finds_the_dead_worker_itself_
     print(f"parent max {max(parent):.3f} s, child first {child[0]:.3f} s, child max {max(child):.3f} s")
     assert max(child) <= slack(1.0) and max(parent) <= slack(1.0), (child, parent)
     assert_each_ran_once(tmp_path, ["w1", "w2"], child_ids)
+
+
+@pytest.mark.timeout(90)
+def test_a_hung_preferred_worker_delays_finding_a_job_elsewhere_by_the_hedge_not_its_timeout(zq_worker, tmp_path):
+    """Under gevent a look-up asks the other workers once the preferred one is silent for ``HEDGE``
+    seconds (``lookups.py``): a job another worker holds is found at once, though the preferred worker,
+    a hung host, never answers (asked one after another, each look-up waited out the hung one's timeout)."""
+    import gevent
+
+    hung = HungHost()
+    try:
+        holder = start_worker(zq_worker, tmp_path, "holder")
+        endpoints = [hung.endpoint, holder.endpoint]
+        ids = ids_preferring(hung.endpoint, endpoints, 3, "kept")
+        with zqsync.Client(holder.endpoint) as sender:
+            for job_id in ids:
+                sender.enqueue_with_options("whoami", job_id=job_id, store_result=True)
+        with zqsync.Client(endpoints) as client:
+
+            def look_up(job_id: str) -> tuple[str, float]:
+                started = time.monotonic()
+                return client.job(job_id, timeout=5.0).state, time.monotonic() - started
+
+            wait_for(lambda: gevent.spawn(look_up, ids[-1]).get()[0] == "done", timeout=30, what="the jobs to run")
+            found = [gevent.spawn(look_up, job_id).get() for job_id in ids]
+        print(f"look-ups with a hung preferred worker: {[round(seconds, 3) for _, seconds in found]} s")
+        assert [state for state, _ in found] == ["done"] * len(ids)
+        assert max(seconds for _, seconds in found) < slack(2.5), "a look-up waited out the hung worker's timeout"
+    finally:
+        hung.close()

@@ -420,8 +420,9 @@ class Client:
         """The status of job ``job_id`` (``zqsync.job`` admin call).
 
         Asks the job id's preferred worker first (the rendezvous hashing of confirmed delivery), then the
-        others in rank, then each route's workers the same way, until one holds it; each for up to
-        ``timeout`` seconds (default ``call_timeout``).
+        others (under gevent at once, once the preferred one says no or is silent for
+        :data:`~zqsync.client.lookups.HEDGE` seconds; else in rank), then each route's workers the same
+        way, until one holds it; each for up to ``timeout`` seconds (default ``call_timeout``).
 
         :returns: a :class:`JobStatus`; ``state`` is ``unknown`` when no reachable worker holds the id
             (``zqsync/client/jobs.py`` says what that can mean; ``unanswered`` lists the silent workers).

@@ -1,8 +1,14 @@
 """Finding a job and waiting for it: the work behind ``Client.job``, ``Client.result`` and ``Client.cancel``.
 
 A job is looked for on its preferred worker first (``rendezvous.py``), then on the
-others in rank, then on each route's workers (``docs/design.md``, "Job status and
-results"). ``result`` long-polls the worker holding the job in rounds of at most
+others, then on each route's workers (``docs/design.md``, "Job status and results").
+Under gevent the others are asked all at once, as soon as the preferred one has
+answered that it does not hold the job or has not answered within :data:`HEDGE`
+seconds (a hedged request: Dean and Barroso, "The Tail at Scale", 2013). The first
+that holds the job answers for all, so a dead or hung worker delays finding a job
+another worker holds by at most ``HEDGE``, not by its whole timeout (an id nobody
+holds still waits for every answer, or the timeout). A thread asks them one after
+another. ``result`` long-polls the worker holding the job in rounds of at most
 :data:`LONG_POLL` seconds; a worker that dies, restarts or stops meanwhile only makes
 it look for the job again, until the caller's timeout.
 """
@@ -10,12 +16,13 @@ it look for the job again, until the caller's timeout.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..errors import CallTimeout, JobNotFound, PoolError, RemoteError, WorkerStopping, remote_error
 from ..wire import envelope
 from ..wire.endpoints import split_endpoint
 from .jobs import Job, JobStatus
+from .owner import current_owner
 from .rendezvous import rank
 
 if TYPE_CHECKING:
@@ -28,6 +35,8 @@ LONG_POLL = 5.0
 LONG_POLL_GRACE = 2.0
 #: Seconds between look-ups of an id that no worker knows yet (a plain job may not have arrived).
 UNKNOWN_RETRY = 1.0
+#: Seconds the preferred worker has to answer a look-up before the others are asked too (under gevent).
+HEDGE = 0.05
 
 
 def result(client: "Client", job_id: str, total: float) -> Any:
@@ -64,13 +73,10 @@ def locate(client: "Client", job_id: str, timeout: float, *,
     unanswered: list[str] = []
     if client._discovery is not None:
         client._rediscover()
-    for rpc in rank(job_id, client._rpc_endpoints):
-        try:
-            status = admin(client, admin_call, (job_id,), rpc, timeout)
-        except (CallTimeout, PoolError):
+    for rpc, status in answers(client, admin_call, job_id, rank(job_id, client._rpc_endpoints), timeout):
+        if status is None:
             unanswered.append(base_of(rpc))
-            continue
-        if status.state != "unknown":
+        elif status.state != "unknown":
             return client, status
     for routed in client._routed.values():
         owner, status = locate(routed, job_id, timeout, admin_call=admin_call)
@@ -78,6 +84,55 @@ def locate(client: "Client", job_id: str, timeout: float, *,
             return owner, status
         unanswered.extend(status.unanswered)
     return client, JobStatus(job_id, "unknown", unanswered=tuple(unanswered))
+
+
+def answers(client: "Client", admin_call: str, job_id: str, rpcs: list[str],
+            timeout: float) -> Iterator[tuple[str, Optional[JobStatus]]]:
+    """Each worker's answer to ``admin_call`` for ``job_id`` as it comes, ``None`` for one that did not
+    answer within ``timeout``: under gevent the first of ``rpcs`` alone, then the rest at once (module
+    docstring); else one after another. Closing the iterator stops the asks still in flight."""
+    if len(rpcs) < 2 or not current_owner().green:
+        for rpc in rpcs:
+            yield rpc, ask(client, admin_call, job_id, rpc, timeout)
+        return
+    import gevent
+    from gevent.queue import Empty, Queue
+
+    replies: Queue = Queue()
+
+    def asking(rpc: str) -> None:
+        try:
+            replies.put((rpc, ask(client, admin_call, job_id, rpc, timeout), None))
+        except Exception as exc:  # raised in the caller's greenlet
+            replies.put((rpc, None, exc))
+
+    pending = {rpcs[0]: gevent.spawn(asking, rpcs[0])}
+    others = rpcs[1:]
+    try:
+        while pending:
+            try:
+                rpc, status, error = replies.get(timeout=HEDGE if others else None)
+                answered = True
+            except Empty:  # the preferred worker is slow: ask the others too
+                answered = False
+            if answered:
+                del pending[rpc]
+                if error is not None:
+                    raise error
+                yield rpc, status
+            if others and (not answered or not pending):
+                pending.update((other, gevent.spawn(asking, other)) for other in others)
+                others = []
+    finally:
+        gevent.killall(list(pending.values()), block=False)
+
+
+def ask(client: "Client", admin_call: str, job_id: str, rpc: str, timeout: float) -> Optional[JobStatus]:
+    """One worker's answer to ``admin_call`` for ``job_id``, or ``None`` if it gave none within ``timeout``."""
+    try:
+        return admin(client, admin_call, (job_id,), rpc, timeout)
+    except (CallTimeout, PoolError):
+        return None
 
 
 def known_endpoints(client: "Client") -> list[str]:
