@@ -32,6 +32,8 @@ SAMPLES = [
     errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
     errors.JobCancelled("JobCancelled", "cancelled while it ran", "", job_id="ef" * 16),
     errors.DeadlineExpired("DeadlineExpired", "not run: its deadline had passed 0.500 s before", ""),
+    errors.JobNotFound("ab" * 16, ["tcp://127.0.0.1:5555"]),
+    errors.EnqueuedInTransaction("job 'add' enqueued inside a transaction.atomic() block"),
 ]
 
 
@@ -52,7 +54,8 @@ def test_error_survives_pickle_with_its_fields(error):
     assert copy.args == error.args
     assert vars(copy) == vars(error)
     assert vars(error) or type(error) in (errors.ZqsyncError, errors.ClientClosed, errors.ProcessFailed,
-                                          errors.ForkFailed, errors.ProtocolError, errors.PoolError)
+                                          errors.ForkFailed, errors.ProtocolError, errors.PoolError,
+                                          errors.EnqueuedInTransaction)
 
 
 def test_call_timeout_keeps_task_and_timeout_across_pickle():
