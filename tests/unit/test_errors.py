@@ -25,12 +25,14 @@ SAMPLES = [
     errors.UnknownTask("UnknownTask", "no task named 'x'", ""),
     errors.NoJournal("NoJournal", "start it with --state-dir", ""),
     errors.TimeLimitExceeded("TimeLimitExceeded", "over 0.5 s", ""),
+    errors.SoftTimeLimitExceeded("SoftTimeLimitExceeded", "past its soft time limit of 0.2 s", ""),
     errors.WorkerShutdown("WorkerShutdown", "stopped", ""),
     errors.WorkerStopping("WorkerStopping", "stopping: not run", ""),
     errors.RequestRejected("ProtocolError", "malformed request", ""),
     errors.JournalUnavailable("JournalUnavailable", "disk full", "", job_id="ab" * 16),
     errors.DuplicateJob("DuplicateJob", "dead-lettered", "", job_id="cd" * 16),
     errors.JobCancelled("JobCancelled", "cancelled while it ran", "", job_id="ef" * 16),
+    errors.JobExpired("JobExpired", "expired before it started", "", job_id="fe" * 16),
     errors.DeadlineExpired("DeadlineExpired", "not run: its deadline had passed 0.500 s before", ""),
 ]
 
@@ -67,7 +69,8 @@ def test_call_timeout_keeps_task_and_timeout_across_pickle():
     ("WorkerStopping", errors.WorkerStopping),
     ("ProtocolError", errors.RequestRejected), ("ValueError", errors.RemoteError),
     ("JournalUnavailable", errors.JournalUnavailable), ("DuplicateJob", errors.DuplicateJob),
-    ("JobCancelled", errors.JobCancelled),
+    ("JobCancelled", errors.JobCancelled), ("JobExpired", errors.JobExpired),
+    ("SoftTimeLimitExceeded", errors.SoftTimeLimitExceeded),
     ("DeadlineExpired", errors.DeadlineExpired),
 ])
 def test_a_worker_error_name_maps_to_its_client_class(name, cls):

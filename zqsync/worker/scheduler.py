@@ -24,6 +24,13 @@
   its due time as ``next_at``: the replay loop starts it, in due-time order,
   at or after that time, in this process or, after a restart, in the one
   that claims it.
+* A job of a task with a ``rate_limit`` takes a turn from its bucket (``ratelimit.py``) before it
+  starts; one whose turn is later waits for it in a timer, holding no task slot, then queues to run.
+  A plain job waits so only while it finds a backlog place (``max_backlog``, shared with confirmed
+  jobs), else in its slot: the worker then reads no more jobs, as when its slots are busy.
+* A job past its expiry (``expires=``) is not started: a plain one is counted (``jobs_expired``) and
+  logged; a confirmed one is also recorded ``expired`` in the journal. A job waiting for its rate
+  limit's turn is looked at again by its expiry at the latest.
 * Each attempt tells the :class:`~zqsync.worker.status.JobBook` when it starts
   and how it ends (status, results, long-polls, cancel). A cancelled journaled
   job's start is refused by the journal; a cancelled running one ends in
@@ -44,11 +51,12 @@ import gevent.pool
 import gevent.queue
 
 from .. import settings
-from ..errors import ProtocolError
+from ..errors import JobExpired, ProtocolError
 from ..wire import envelope
 from .group_commit import GroupCommit, retry_delay
 from .inline import run_inline
 from .journal_api import ALONE, DIED, SHARED, JournalBackend, NewJob, Outcome, Row, Start, open_journal
+from .ratelimit import RateLimits
 from .registry import Task
 from .runner import ErrorInfo, Runner, unsendable
 from .status import Cancelled, JobBook
@@ -69,6 +77,7 @@ class Job(NamedTuple):
     admitted: bool = False  # holds a backlog place until it starts
     alone: bool = False  # was running when its process died: runs with no other task beside it
     counted: bool = False  # its next attempt is already counted in the journal (by the insert)
+    waited: bool = False  # had its rate limit's turn: starts without taking another
 
 
 class Confirm(NamedTuple):
@@ -138,6 +147,8 @@ class JobScheduler:
         self._holding: Optional[Job] = None  # taken from the ready queue, waiting for a slot
         self._counting = 0  # confirmed jobs whose first attempt is counted by their insert, not started yet
         self.book = JobBook(journal, keep_done, flush=self.flush)
+        #: the rate limits' buckets of this process (``zqsync.stats``' ``rate_limited``)
+        self.limits = RateLimits()
         for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
             runner.counters.setdefault(key, 0)
         if journal is not None:
@@ -164,7 +175,7 @@ class JobScheduler:
             gevent.killall(dispatcher)
 
     def discard_plain_pending(self) -> int:
-        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry or a slot.
+        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
 
         They are kept only in memory, so they are lost with the process; confirmed
         ones stay pending in the journal. Returns how many there are.
@@ -174,8 +185,9 @@ class JobScheduler:
         if plain:
             counters = self.runner.counters
             counters["jobs_discarded_on_stop"] = counters.get("jobs_discarded_on_stop", 0) + len(plain)
-            log.warning("dropped %d pending plain job retr%s on shutdown (kept only in memory): %s", len(plain),
-                        "y" if len(plain) == 1 else "ies", ", ".join(f"{job.request.id} ({job.task.name})" for job in plain))
+            log.warning("dropped %d pending plain job(s) (waiting for a retry or a rate limit's turn) on shutdown "
+                        "(kept only in memory): %s", len(plain),
+                        ", ".join(f"{job.request.id} ({job.task.name})" for job in plain))
         return len(plain)
 
     def stop(self) -> None:
@@ -202,8 +214,20 @@ class JobScheduler:
     def run_plain(self, frame: bytes) -> None:
         """Run a job received on the jobs socket (called in a slot)."""
         decoded = self.runner.decode_job(frame)
-        if decoded is not None:
-            self._attempt(Job(*decoded))
+        if decoded is None:
+            return
+        job = Job(*decoded)
+        delay = self._turn(job)
+        if delay and self._backlog.acquire(blocking=False):
+            self._wait_turn(delay, job._replace(admitted=True))
+            return
+        if delay:  # no backlog place: it waits in its slot, and the worker reads no more jobs meanwhile
+            self.limits.waiting(job.task.name, 1)
+            try:
+                gevent.sleep(min(delay, self._expires_in(job)))
+            finally:
+                self.limits.waiting(job.task.name, -1)
+        self._attempt(job)
 
     def admit(self, request: envelope.Request, task: Task, answer: Callable[[bytes], None]) -> None:
         """Journal a confirmed job without waiting: ``answer(reply frame)`` is called later, in the hub.
@@ -225,15 +249,18 @@ class JobScheduler:
         if refusal:  # fail fast until the write loop finds the journal writable
             answer(self._refuse(request, refusal))
             return
-        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
+        expires = request.options.get("expires")
+        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs,
+                                       options={} if expires is None else {"expires": expires})
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         now = time.time()
         due = due if due > now else 0.0
         # A job that will find a free slot the moment it is committed has its first attempt counted by
-        # its insert (NewJob.retry_at): one journal operation less per job. Should the process die
+        # its insert (NewJob.retry_at): one journal operation less per job (not for one that may wait for its
+        # rate limit). Should the process die
         # before the attempt starts, the job is replayed like any job that was running then (alone,
         # attempt counted; never dead-lettered for it, since it was not running alone).
-        counted = not due and self._counting < self.slots.free_count()
+        counted = not due and task.rate_limit is None and self._counting < self.slots.free_count()
         self._counting += counted
         retry_at = now + task.backoff_for(1) if counted else 0.0
         self._commits.put("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
@@ -312,6 +339,11 @@ class JobScheduler:
         current = gevent.getcurrent()
         while self._greenlets[0] is current and not self._paused:
             job = self._holding = self._ready.get()
+            delay = self._turn(job)
+            if delay:
+                self._holding = None
+                self._wait_turn(delay, job)
+                continue
             if not job.alone:
                 self.slots.wait_available()
             self._holding = None
@@ -346,9 +378,47 @@ class JobScheduler:
         finally:
             gate.set()
 
+    def _turn(self, job: Job) -> float:
+        """Seconds ``job`` must wait for its rate limit's turn (taken now), or 0.0: it may start."""
+        rate = job.task.rate_limit
+        return 0.0 if rate is None or job.waited else self.limits.reserve(job.task.name, rate)
+
+    def _wait_turn(self, delay: float, job: Job) -> None:
+        """Queue ``job`` to run once its turn comes in ``delay`` seconds (or its expiry, if sooner)."""
+        self.limits.waiting(job.task.name, 1)
+        gevent.get_hub().loop.update_now()  # the timer counts from now, not from the hub's last wake-up
+        timer = gevent.spawn_later(min(delay, self._expires_in(job)), self._turn_came, job)
+        self._timers.add(timer)
+        timer.link(self._timers.discard)
+
+    def _turn_came(self, job: Job) -> None:
+        self.limits.waiting(job.task.name, -1)
+        self._ready.put(job._replace(waited=True))
+
+    @staticmethod
+    def _expires_in(job: Job) -> float:
+        """Seconds until ``job`` expires (infinite: never)."""
+        expires = job.request.options.get("expires") if job.durable else job.request.expires
+        if expires is None:
+            return float("inf")
+        return max(0.0, expires - (time.time() if job.durable else time.monotonic()))
+
+    def _expire(self, job: Job) -> bool:
+        """Whether ``job`` is past its expiry: then it is counted and logged, and a confirmed one is
+        recorded ``expired`` (never run, nor retried)."""
+        late = self.runner.expired(job.request, durable=job.durable)
+        if late is None:
+            return False
+        if job.durable:
+            error = (JobExpired.__name__, f"job {job.request.id} ({job.task.name}) expired before it started "
+                                          f"({late:.3f} s before this attempt could start)", "")
+            self._settle(job, Outcome(job.request.id, "expired", job.attempts, 0.0, _describe(error)), "expired",
+                         error=error)
+        return True
+
     def _attempt(self, job: Job) -> None:
-        if not job.durable and self.runner.expired(job.request) is not None:
-            return  # a plain job past its deadline: counted and logged, not run (nor retried)
+        if self._expire(job):
+            return
         attempts = job.attempts + 1
         job_id = job.request.id
         if not job.durable and self.book.take_cancel(job_id):
@@ -376,7 +446,7 @@ class JobScheduler:
                     job_id, job.task.name, attempts, delay, value[0], value[1])
         self._settle(job, Outcome(job_id, "pending", attempts, time.time() + delay, _describe(value)),
                      "scheduled", error=value)
-        self._later(delay, job._replace(attempts=attempts, counted=False))
+        self._later(delay, job._replace(attempts=attempts, counted=False, waited=False))
 
     def _succeeded(self, job: Job, attempts: int, value: Any, keep: bool) -> None:
         """Settle a job that returned ``value``; one whose result is to be kept (journaled, or kept on
@@ -500,7 +570,8 @@ class JobScheduler:
     def _prune(self) -> None:
         assert self.journal is not None
         pool = gevent.get_hub().threadpool
-        for state, keep in (("done", self.keep_done), ("cancelled", self.keep_done), ("dead", self.keep_dead)):
+        for state, keep in (("done", self.keep_done), ("cancelled", self.keep_done), ("expired", self.keep_done),
+                            ("dead", self.keep_dead)):
             pruned = pool.apply(self.journal.purge, ((state,), keep))
             if pruned:
                 log.info("pruned %d %s job(s) older than %.0f s from the journal", pruned, state, keep)
