@@ -25,7 +25,7 @@ from .journal_api import NewJob
 from .registry import Task
 from .runner import Runner
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zqsync.worker.scheduler")  # the log lines keep their logger (split off)
 
 
 class Confirming:

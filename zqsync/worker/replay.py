@@ -24,7 +24,7 @@ from .jobs import Job
 from .journal_api import DIED, JournalBackend, Outcome, Row
 from .runner import Runner
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("zqsync.worker.scheduler")  # the log lines keep their logger (split off)
 
 #: Journaled jobs read from the journal per replay step.
 REPLAY_BATCH = 500
