@@ -2,7 +2,7 @@
 
 Seeds a journal with N pending rows of a dead owner (a boot token whose process is gone), starts a
 real worker on it, and reports its peak RSS (``VmHWM``) and the time to run them all. Memory must
-stay flat in N: replay reads :data:`zqsync.worker.scheduler.REPLAY_BATCH` rows at a time, through
+stay flat in N: replay reads :data:`zqsync.worker.replay.REPLAY_BATCH` rows at a time, through
 the worker's bounded backlog.
 
     python -m benchmarks.bench_replay --rows 400000

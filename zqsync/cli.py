@@ -238,7 +238,7 @@ def _add_jobs(commands: Any, common: argparse.ArgumentParser) -> None:
                       "postgresql://USER@HOST:PORT/DB: the whole fleet's jobs)")
     jobs.add_argument("--endpoint", action="append", dest="endpoints", metavar="ENDPOINT",
                       help="cancel: a worker base endpoint (tcp://HOST:PORT) to ask over rpc; repeat for several")
-    jobs.add_argument("--state", action="append", choices=["pending", "dead", "done", "cancelled"],
+    jobs.add_argument("--state", action="append", choices=["pending", "dead", "done", "cancelled", "expired"],
                       help="states to list or purge; repeat for several (default: list pending and dead)")
     jobs.add_argument("--id", action="append", dest="job_ids", metavar="ID", help="list only this job (any state)")
     jobs.add_argument("--limit", type=_positive_int, default=100, help="most jobs to list (default: 100)")
@@ -290,7 +290,7 @@ def _add_job(commands: Any, common: argparse.ArgumentParser, curve_client: argpa
     job = commands.add_parser(
         "job", parents=[common, curve_client], help="show a job's status, or wait for its result",
         description="Ask the workers (the job id's preferred one first) for a job's status: pending, scheduled, "
-        "running, done, failed, dead, cancelled, or unknown (no worker that answered holds it). With --wait, "
+        "running, done, failed, dead, cancelled, expired, or unknown (no worker that answered holds it). With --wait, "
         "wait up to SECONDS for it to finish and print its result as JSON; a failed job exits 1 with its error.",
         epilog=EPILOG,
     )
@@ -628,7 +628,7 @@ def _cancel_remote(args: argparse.Namespace) -> int:
 def _purge(journal: Any, args: argparse.Namespace) -> int:
     states = args.state or []
     if not states or "pending" in states or args.older_than is None:
-        raise SystemExit("zqsync jobs purge: needs --state dead, done and/or cancelled, and --older-than AGE "
+        raise SystemExit("zqsync jobs purge: needs --state dead, done, cancelled and/or expired, and --older-than AGE "
                          "(pending jobs are never purged)")
     print(f"purged {journal.purge(states, args.older_than)} job(s)")
     return 0

@@ -178,6 +178,16 @@ class TimeLimitExceeded(RemoteError):
     """The task ran past its ``time_limit`` and was interrupted."""
 
 
+class SoftTimeLimitExceeded(RemoteError):
+    """Raised into a task that ran past its ``soft_time_limit`` (where it yields, or by the watchdog's
+    signal where it does not); the task may catch it and clean up until its ``time_limit``.
+
+    An ``Exception``, as in Celery: a task's ``except Exception`` catches it too. Uncaught, it fails
+    the attempt like any error, and a caller sees it raised as this class. Raise it as
+    ``SoftTimeLimitExceeded("SoftTimeLimitExceeded", message)``.
+    """
+
+
 class WorkerShutdown(RemoteError):
     """The worker stopped before the task finished."""
 
@@ -221,8 +231,8 @@ class DuplicateJob(RemoteError):
 #: (a task's own exception, such as ``ValueError``) raise :class:`RemoteError`.
 REMOTE_ERRORS: dict[str, type[RemoteError]] = {
     cls.__name__: cls
-    for cls in (UnknownTask, NoJournal, TimeLimitExceeded, WorkerShutdown, WorkerStopping, JournalUnavailable,
-                DuplicateJob)
+    for cls in (UnknownTask, NoJournal, TimeLimitExceeded, SoftTimeLimitExceeded, WorkerShutdown, WorkerStopping,
+                JournalUnavailable, DuplicateJob)
 }
 REMOTE_ERRORS["ProtocolError"] = RequestRejected
 
@@ -230,7 +240,7 @@ REMOTE_ERRORS["ProtocolError"] = RequestRejected
 def remote_error(type_name: str, message: str, traceback: str = "", *, request_id: str = "") -> RemoteError:
     """The client-side exception for an error reply naming ``type_name`` to request (or job) ``request_id``."""
     cls = REMOTE_ERRORS.get(type_name, RemoteError)
-    if cls in (JournalUnavailable, DuplicateJob, JobCancelled):
+    if cls in (JournalUnavailable, DuplicateJob, JobCancelled, JobExpired):
         return cls(type_name, message, traceback, job_id=request_id)
     return cls(type_name, message, traceback)
 
@@ -256,6 +266,17 @@ class JobCancelled(RemoteError):
 
 
 REMOTE_ERRORS[JobCancelled.__name__] = JobCancelled
+
+
+class JobExpired(JobCancelled):
+    """``Client.result`` of a job that was not started by its expiry (``expires=``), so it never ran;
+    its state is ``expired``. A :class:`JobCancelled`: it ended without running, by no fault of its own.
+
+    :ivar job_id: the job's id.
+    """
+
+
+REMOTE_ERRORS[JobExpired.__name__] = JobExpired
 
 
 class DeadlineExpired(RemoteError):

@@ -217,6 +217,23 @@ def test_cancel_stops_a_pending_job_and_refuses_its_start_and_its_late_outcome(b
     assert row.finished_at is not None
 
 
+def test_an_expired_job_is_kept_expired_never_claimed_nor_started_until_requeued(backend):
+    dead, me = backend.owner(), backend.owner()
+    dead.write([("late", "t", b"", 0)])
+    dead.write(outcomes=[Outcome("late", "expired", 0, 0.0, "JobExpired: job late expired before it started")])
+    backend.lose(dead)
+    assert me.claim(["t"]).claimed == 0 and me.take_replays(10) == []
+    assert me.write_all(starts=[Start("late", SHARED, 0.0)]) == ([], {"late"})
+    row = me.rows(("expired",))[0]
+    assert (row.id, row.state, row.attempts, row.error) == ("late", "expired", 0,
+                                                           "JobExpired: job late expired before it started")
+    assert row.finished_at is not None and me.counts() == {"expired": 1}
+    assert me.requeue(["late"]) == 1 and me.claim(["t"]).claimed == 1
+    me.write(outcomes=[Outcome("late", "expired", 0, 0.0, "JobExpired: again")])
+    time.sleep(0.01)
+    assert me.purge(["expired"], older_than=0.0) == 1 and me.counts() == {}
+
+
 def test_a_job_left_running_by_a_dead_owner_can_be_cancelled(backend):
     dead, me = backend.owner(), backend.owner()
     dead.write([("stuck", "t", b"", 0)])

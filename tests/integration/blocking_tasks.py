@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
 
+from zqsync import SoftTimeLimitExceeded
 from zqsync.worker import Registry
 
 registry = Registry()
@@ -53,3 +55,31 @@ def interrupts():
 @registry.task
 def add(a, b):
     return a + b
+
+
+@registry.task(soft_time_limit=0.3, time_limit=float(os.environ.get("ZQSYNC_TEST_SLACK", "1")) * 10.0)
+def cpu_tidy(path, seconds):
+    """Never yields, before its soft limit nor while it cleans up."""
+    try:
+        spin(float(seconds))
+    except SoftTimeLimitExceeded:
+        spin(0.05)
+        _note(path, "cleaned up")
+        return "cleaned up"
+    return "finished"
+
+
+@registry.task(soft_time_limit=0.3, time_limit=0.8)
+def cpu_stubborn(path, seconds):
+    """Cleans up (never yielding) past its hard limit."""
+    try:
+        spin(float(seconds))
+    except SoftTimeLimitExceeded:
+        _note(path, "soft limit seen")
+        spin(float(seconds))
+        _note(path, "never")
+
+
+def _note(path: str, text: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(text + "\n")

@@ -79,7 +79,8 @@ def test_a_pending_plain_retry_dropped_on_stop_is_logged(zq_worker, tmp_path):
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(30) == 0
     output = worker.output()
-    assert re.search(rf"dropped 1 pending plain job retry on shutdown.*{job_id}", output), output
+    dropped = r"dropped 1 pending plain job\(s\) \(waiting for a retry or a rate limit's turn\) on shutdown"
+    assert re.search(rf"{dropped}.*{job_id}", output), output
     assert not target.exists()
 
 

@@ -30,6 +30,18 @@ def test_a_task_that_never_yields_is_interrupted_at_its_time_limit(worker):
     assert stats["timed_out"] == 1 and stats["calls_failed"] == 1
 
 
+def test_a_task_that_never_yields_sees_its_soft_limit_cleans_up_and_still_meets_its_hard_limit(worker, tmp_path):
+    path = tmp_path / "notes"
+    with zqsync.Client(worker.endpoint, call_timeout=slack(20.0)) as client:
+        started = time.monotonic()
+        assert client.call("cpu_tidy", str(path), 30.0) == "cleaned up"
+        assert time.monotonic() - started < slack(5.0)  # not the task's 30 s
+        with pytest.raises(zqsync.TimeLimitExceeded, match="time limit of 0.8 s"):
+            client.call("cpu_stubborn", str(path), 30.0)
+        assert client.call("add", 1, 2) == 3
+    assert path.read_text().splitlines() == ["cleaned up", "soft limit seen"]
+
+
 def test_work_after_an_overrun_never_happens(worker, tmp_path):
     path = str(tmp_path / "side-effect")
     with zqsync.Client(worker.endpoint, call_timeout=slack(20.0)) as client:

@@ -109,8 +109,8 @@ def test_the_clients_own_checks_hold_in_eager_mode(fresh):
     import datetime
 
     with eager(registry):
-        with pytest.raises(zqsync.ConfigurationError, match="deadline"):
-            fresh.enqueue_with_options("add", args=(1, 2), confirm=True, deadline=1.0)
+        with pytest.raises(zqsync.ConfigurationError, match="aware datetime"):
+            fresh.enqueue_with_options("add", args=(1, 2), confirm=True, expires=datetime.datetime(2030, 1, 1))
         with pytest.raises(zqsync.ConfigurationError, match="eta"):
             fresh.enqueue_with_options("add", args=(1, 2), eta=datetime.datetime(2030, 1, 1))
         with pytest.raises(zqsync.ConfigurationError, match="send_timeout"):

@@ -37,7 +37,7 @@ from ..wire.endpoints import split_endpoint
 from . import discovery, express, health, lookups, notices, transport, waits
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
-from .jobs import Job, JobStatus
+from .jobs import Job, JobStatus, expiry
 from .lookups import base_of, remote_error_of
 from .pool import SocketPool
 from .rendezvous import FAILOVER_ATTEMPTS, Route
@@ -214,6 +214,7 @@ class Client:
         delay: Optional[float] = None,
         eta: Optional[datetime.datetime] = None,
         store_result: bool = False,
+        expires: Union[float, datetime.datetime, None] = None,
         deadline: Optional[float] = None,
     ) -> Job[Any]:
         """Send a job with per-call options; see :meth:`enqueue`.
@@ -245,10 +246,13 @@ class Client:
         :param store_result: for a plain job, ask the worker to keep its status and result in memory
             (bounded, ``--keep-done`` seconds) for :meth:`job` and :meth:`result`, as a task registered with
             ``store_result=True`` does. Confirmed jobs keep theirs in the journal anyway.
-        :param deadline: seconds from now after which no worker starts this plain job; a worker
-            that reads it later skips it and counts it (``jobs_expired`` in its stats). The budget
-            is stamped on receipt by the worker's own clock (``zqsync/wire/envelope.py``).
-            ``None``: no deadline. Not for ``confirm=True`` (a confirmed job always runs).
+        :param expires: seconds from now (float > 0), or an aware :class:`datetime.datetime`, after
+            which no worker starts this job (nor a retry of it). A plain job found expired is skipped,
+            counted (``jobs_expired`` in the worker's stats) and logged; its budget is stamped on receipt by
+            the worker's own clock (``zqsync/wire/envelope.py``). A confirmed (or delayed) job is journaled
+            with its expiry as epoch seconds (keep clocks in sync: NTP), and one found expired is
+            recorded ``expired``: :meth:`result` raises :class:`~zqsync.errors.JobExpired`. ``None``: never.
+        :param deadline: the older name of ``expires``, in seconds only; kept as an alias.
         :returns: the job id. Under DROP a dropped job's id is still returned;
             the drop is counted in :meth:`stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
@@ -261,8 +265,8 @@ class Client:
             nothing is sent.
         :raises ConfigurationError: ``send_timeout`` negative, NaN or infinite
             (or 0 with ``confirm=True``); ``delay`` not a number of seconds >= 0, ``eta`` not an aware
-            datetime, or both given; ``deadline`` not above 0, or given with ``confirm=True`` (or with
-            ``delay``/``eta``).
+            datetime, or both given; ``expires`` (or ``deadline``) not above 0, a naive or past datetime,
+            or both given.
         :raises NoJournal: ``delay``/``eta`` (or ``confirm``) and the worker keeps no journal.
         """
         self._check_open()
@@ -270,20 +274,18 @@ class Client:
         if routed is not self:
             return routed.enqueue_with_options(task, args=args, kwargs=kwargs, confirm=confirm, congestion=congestion,
                                                send_timeout=send_timeout, job_id=job_id, delay=delay, eta=eta,
-                                               store_result=store_result, deadline=deadline)
+                                               store_result=store_result, expires=expires, deadline=deadline)
         job_id = os.urandom(16).hex() if job_id is None else job_id
         options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
         due = _due(delay, eta)
         if due is not None:
             confirm, options = True, {"due": due}
         kind = "confirm" if confirm else "job"
-        if deadline is not None:
-            if confirm:
-                raise ConfigurationError("deadline applies to plain jobs only: a confirmed job always runs",
-                                         setting="deadline")
-            deadline = check_seconds("deadline", deadline, inclusive=False)
+        budget = expiry(expires, deadline)
+        if budget is not None and confirm:
+            options["expires"], budget = time.time() + budget, None  # journaled: it outlives processes
         frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
-                                        options=options, deadline=deadline)
+                                        options=options, deadline=budget)
         if send_timeout is not None:
             send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
         if confirm:

@@ -12,9 +12,11 @@ or its status may have been pruned (``--keep-done`` seconds after it finished).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Generic, Mapping, Optional, TypeVar
+import datetime
+import time
+from typing import TYPE_CHECKING, Any, Generic, Mapping, Optional, TypeVar, Union
 
-from ..errors import RemoteError, remote_error
+from ..errors import ConfigurationError, RemoteError, remote_error
 
 if TYPE_CHECKING:
     from .client import Client
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 #: States after which a job never changes again.
-FINISHED = ("done", "failed", "dead", "cancelled")
+FINISHED = ("done", "failed", "dead", "cancelled", "expired")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +34,8 @@ class JobStatus:
     :ivar id: the job id.
     :ivar state: ``pending`` (accepted, waiting for a slot), ``scheduled`` (waiting for its due time:
         a delayed job, or a retry's backoff), ``running``, ``done``, ``failed`` (raised, and its task
-        has no retries), ``dead`` (retries exhausted: dead-lettered), ``cancelled``, or ``unknown``
+        has no retries), ``dead`` (retries exhausted: dead-lettered), ``cancelled``, ``expired`` (not started
+        by its ``expires=``: it never runs), or ``unknown``
         (no reachable worker holds it: see the module docstring).
     :ivar task: the task name, or ``None`` when unknown.
     :ivar attempts: attempts started so far.
@@ -63,14 +66,15 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        """Whether the job reached a state it never leaves (done, failed, dead, cancelled)."""
+        """Whether the job reached a state it never leaves (done, failed, dead, cancelled, expired)."""
         return self.state in FINISHED
 
     def value(self) -> Any:
         """The result of a ``done`` job.
 
         :raises RemoteError: the job failed or is dead (the task's error type, as :meth:`Client.call`
-            raises it); :class:`~zqsync.errors.JobCancelled` if cancelled.
+            raises it); :class:`~zqsync.errors.JobCancelled` if cancelled, :class:`~zqsync.errors.JobExpired`
+            if it expired before it started.
         :raises ValueError: the job has not finished.
         """
         if self.state == "done":
@@ -91,6 +95,31 @@ class JobStatus:
                    raised, reply.get("enqueued_at"), reply.get("started_at"), reply.get("finished_at"),
                    reply.get("due"), worker if known else None, reply.get("pid") if known else None, unanswered)
 
+
+
+def expiry(expires: Union[float, datetime.datetime, None], deadline: Optional[float]) -> Optional[float]:
+    """Seconds from now after which a job must not start (``expires``, or its older name ``deadline``), or ``None``.
+
+    :raises ConfigurationError: both given, a naive or past datetime, or not a number of seconds above 0.
+    """
+    name = "expires" if deadline is None or expires is not None else "deadline"
+    if deadline is not None and expires is not None:
+        raise ConfigurationError("give expires or its older name deadline, not both", setting=name)
+    value = deadline if expires is None else expires
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        if value.utcoffset() is None:
+            raise ConfigurationError(f"{name} must be an aware datetime (with a tzinfo), got {value!r}", setting=name)
+        seconds = value.timestamp() - time.time()
+        if seconds <= 0:
+            raise ConfigurationError(f"{name} {value.isoformat()} is in the past", setting=name)
+        return seconds
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{name} must be seconds from now or an aware datetime, got {value!r}", setting=name)
+    if not 0 < value < float("inf"):
+        raise ConfigurationError(f"{name} must be a number of seconds above 0, got {value!r}", setting=name)
+    return float(value)
 
 
 class Job(str, Generic[R]):
@@ -126,4 +155,4 @@ class Job(str, Generic[R]):
         return self.client.cancel(self, timeout=timeout)
 
 
-__all__ = ["FINISHED", "Job", "JobStatus"]
+__all__ = ["FINISHED", "Job", "JobStatus", "expiry"]

@@ -121,7 +121,7 @@ class Core:
           children that answered;
         - ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
           seconds over the children's merged samples;
-        - ``identities_by_pid`` (summed), ``identities`` and ``clients`` (concatenated);
+        - ``identities_by_pid`` and ``rate_limited`` (summed per key), ``identities`` and ``clients`` (concatenated);
         - ``pid``, ``uptime``, ``state`` and ``tasks``: those of the child that answered;
         - ``supervisor``: ``{"pid", "started" (epoch seconds), "uptime" (seconds),
           "processes" (configured), "restarts", "jobs_lost_in_children"}`` (plain jobs
@@ -158,7 +158,9 @@ class Core:
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
-            per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks.
+            per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks;
+            ``rate_limited``: per task with a ``rate_limit`` that has run here, how many of its jobs
+            wait for their turn now (``ratelimit.py``).
 
         Job counters: ``jobs_received`` counts every job this process took in,
         ``plain_received`` (on the jobs socket) plus ``confirmed_accepted``
@@ -192,6 +194,7 @@ class Core:
             "durations": self.runner.durations.percentiles(),
             "clients": [client.stats() for client in _common.live_clients()],
             "queues": {queue.name: queue.stats() for queue in self.queues},
+            "rate_limited": self.scheduler.limits.stats(),
         }
 
     def _pools(self) -> list[gevent.pool.Pool]:

@@ -122,6 +122,7 @@ def merge(reports: list[dict[str, Any]], supervisor: dict[str, Any]) -> dict[str
     own = reports[0]["stats"]
     totals: collections.Counter[str] = collections.Counter()
     identities_by_pid: collections.Counter[str] = collections.Counter()
+    rate_limited: collections.Counter[str] = collections.Counter()
     samples: dict[str, list[float]] = collections.defaultdict(list)
     children, identities, clients = [], [], []
     for report in reports:
@@ -130,6 +131,7 @@ def merge(reports: list[dict[str, Any]], supervisor: dict[str, Any]) -> dict[str
                     if isinstance(value, int) and not isinstance(value, bool) and key not in NOT_COUNTERS}
         totals.update(counters)
         identities_by_pid.update(stats.get("identities_by_pid", {}))
+        rate_limited.update(stats.get("rate_limited", {}))
         identities += stats.get("identities", [])
         clients += stats.get("clients", [])
         for task, seconds in report.get("samples", {}).items():
@@ -143,7 +145,7 @@ def merge(reports: list[dict[str, Any]], supervisor: dict[str, Any]) -> dict[str
         "fd_exhausted": totals["fd_exhausted"] + supervisor.get("fd_exhausted", 0), "nofile": supervisor.get("nofile"),
         "pid": own["pid"], "uptime": own["uptime"], "tasks": own["tasks"], "state": own.get("state", "up"),
         "identities_by_pid": dict(identities_by_pid), "identities": identities, "clients": clients,
-        "durations": percentiles_of(samples),
+        "durations": percentiles_of(samples), "rate_limited": dict(sorted(rate_limited.items())),
         "supervisor": supervisor,
         "children": sorted(children, key=lambda child: child["pid"]),
         "unreachable": sum(child["state"] == "unreachable" for child in children),

@@ -111,7 +111,7 @@ class InProcessWorker:
 
     def join(self, finished: int, timeout: float = 30.0) -> dict[str, int]:
         """Block until ``finished`` plain or confirmed jobs have ended (succeeded, failed for good,
-        or cancelled) since the worker started; returns its counters then. See :meth:`wait`."""
+        cancelled, or expired) since the worker started; returns its counters then. See :meth:`wait`."""
         return self.wait(lambda counters: ended(counters) >= finished, timeout)
 
     def _check(self) -> None:
@@ -143,5 +143,6 @@ class InProcessWorker:
 
 
 def ended(counters: dict[str, int]) -> int:
-    """Jobs that have ended for good: succeeded, failed without a retry left, or cancelled."""
-    return counters["jobs_succeeded"] + counters["jobs_failed"] + counters.get("jobs_cancelled", 0)
+    """Jobs that have ended for good: succeeded, failed without a retry left, cancelled, or expired."""
+    return (counters["jobs_succeeded"] + counters["jobs_failed"] + counters.get("jobs_cancelled", 0)
+            + counters["jobs_expired"])

@@ -21,7 +21,8 @@ The rules both keep (``tests/contract/test_journal_contract.py`` checks them on 
   ``attempts > retries`` is dead-lettered with :data:`DIED` (the poison-job rule).
 * States: ``pending`` (``next_at`` its due or retry time), ``done`` (with its ``result``),
   ``dead`` (the dead letters), ``cancelled`` (never started again, never overwritten by the
-  outcome of an attempt already running).
+  outcome of an attempt already running), ``expired`` (not started by its expiry, recorded by the
+  worker that would have started it: never started, claimed or replayed).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ CANCELLED = "JobCancelled: the job was cancelled before it ran"
 #: ``running`` values.
 SHARED, ALONE = 1, 2
 #: The row states.
-STATES = ("pending", "done", "dead", "cancelled")
+STATES = ("pending", "done", "dead", "cancelled", "expired")
+#: The states a row never leaves (but by ``requeue``), which ``purge`` deletes.
+FINISHED_STATES = STATES[1:]
 
 
 class Row(NamedTuple):

@@ -74,7 +74,7 @@ class Receiving(Core):
         # worker's own calls need no slot and run at once. A confirmed job needs only
         # to be journaled, so it is admitted without a task slot and without a
         # greenlet: handed to the journal's writer thread, and acknowledged from the
-        # hub right after its group commit (scheduler.py), up to ADMISSIONS at once
+        # hub right after its group commit (confirming.py), up to ADMISSIONS at once
         # and a backlog bound; the journal, not the task pool, buffers it. Past
         # ADMISSIONS it is held unacknowledged (admission.py): receiving goes on.
         # The worker's own zqsync.* calls take no slot either: a long-poll

@@ -9,6 +9,7 @@ from ..beat import Periodic
 from ..errors import ConfigurationError
 from ..wire.envelope import MAX_TASK_NAME
 from .handles import P, R, TaskHandle
+from .ratelimit import parse_rate
 
 #: Names under this prefix are the worker's built-in tasks.
 RESERVED_PREFIX = "zqsync."
@@ -32,6 +33,10 @@ class Task(NamedTuple):
         the delay is uniform in ``[delay * (1 - jitter), delay]``.
     :ivar store_result: keep the status and result of its plain jobs in the worker's memory
         (``client.job``/``client.result``); confirmed jobs keep theirs in the journal anyway.
+    :ivar soft_time_limit: seconds after which :class:`~zqsync.errors.SoftTimeLimitExceeded` is
+        raised into the task (``None``: none); below ``time_limit``, which still applies.
+    :ivar rate_limit: jobs of this task started per second by one worker process (``ratelimit.py``),
+        or ``None`` for no limit.
     """
 
     name: str
@@ -43,6 +48,8 @@ class Task(NamedTuple):
     max_delay: Optional[float] = None
     jitter: float = 0.0
     store_result: bool = False
+    soft_time_limit: Optional[float] = None
+    rate_limit: Optional[float] = None
 
     def backoff_for(self, attempts: int) -> float:
         """Seconds of backoff after attempt ``attempts`` (1 for the first), before jitter.
@@ -171,6 +178,8 @@ class Registry:
         max_delay: Optional[float] = None,
         jitter: float = 0.0,
         store_result: bool = False,
+        soft_time_limit: Optional[float] = None,
+        rate_limit: Optional[str] = None,
     ) -> Callable[[Callable[P, R]], TaskHandle[P, R]]: ...
 
     def task(
@@ -185,6 +194,8 @@ class Registry:
         max_delay: Optional[float] = None,
         jitter: float = 0.0,
         store_result: bool = False,
+        soft_time_limit: Optional[float] = None,
+        rate_limit: Optional[str] = None,
     ) -> Any:
         """Register ``fn`` as a task; usable bare (``@registry.task``) or with options.
 
@@ -201,18 +212,26 @@ class Registry:
             that jobs failing together do not retry together.
         :param store_result: keep the status and result of its plain (not confirmed) jobs in the
             worker's memory, bounded, for ``keep_done`` seconds (``client.job``, ``client.result``).
+        :param soft_time_limit: seconds after which :class:`~zqsync.errors.SoftTimeLimitExceeded` is raised
+            into the task, also where it does not yield (the watchdog); the task may catch it and clean up
+            until ``time_limit``, which still applies. ``None``: none.
+        :param rate_limit: ``"N/s"``, ``"N/m"`` or ``"N/h"``: at most ``N`` jobs of this task start per
+            second, minute or hour in each worker process; the others wait for their turn without holding
+            a task slot (``zqsync/worker/ratelimit.py``). Calls are not limited. ``None``: no limit.
         :returns: a :class:`~zqsync.worker.handles.TaskHandle`: still callable as ``fn`` (it runs
             here), with ``enqueue``, ``call``, their ``_with_options`` forms and ``using(client)``.
         :raises ConfigurationError: the name is taken, reserved, or too long,
             ``time_limit`` is not a positive number, retries/backoff/max_delay
-            are negative, ``jitter`` is outside 0..1, or ``retry_on`` holds a
-            non-exception.
+            are negative, ``jitter`` is outside 0..1, ``retry_on`` holds a
+            non-exception, ``soft_time_limit`` is not a positive number below ``time_limit``, or
+            ``rate_limit`` is not ``N/s``, ``N/m`` or ``N/h``.
         """
 
         def register(function: Callable[..., Any]) -> TaskHandle[Any, Any]:
             return TaskHandle(self.add(function, name=name, time_limit=time_limit, retries=retries, backoff=backoff,
                                        retry_on=retry_on, max_delay=max_delay, jitter=jitter,
-                                       store_result=store_result))
+                                       store_result=store_result, soft_time_limit=soft_time_limit,
+                                       rate_limit=rate_limit))
 
         return register(fn) if fn is not None else register
 
@@ -305,6 +324,8 @@ def _checked_options(
     max_delay: Optional[float] = None,
     jitter: float = 0.0,
     store_result: bool = False,
+    soft_time_limit: Optional[float] = None,
+    rate_limit: Optional[str] = None,
 ) -> dict[str, Any]:
     """A task's options, checked and normalised. :raises ConfigurationError: one is invalid."""
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
@@ -314,8 +335,15 @@ def _checked_options(
         raise ConfigurationError(f"retry_on must be exception classes, got {retry_on!r}", setting="retry_on")
     if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
         raise ConfigurationError(f"jitter must be a fraction from 0 to 1, got {jitter!r}", setting="jitter")
+    hard = _seconds_or_none(time_limit, "time_limit", positive=True)
+    soft = _seconds_or_none(soft_time_limit, "soft_time_limit", positive=True)
+    if soft is not None and hard is not None and soft >= hard:
+        raise ConfigurationError(f"soft_time_limit must be below time_limit ({hard} s), got {soft!r}",
+                                 setting="soft_time_limit")
     return {
-        "time_limit": _seconds_or_none(time_limit, "time_limit", positive=True),
+        "time_limit": hard,
+        "soft_time_limit": soft,
+        "rate_limit": parse_rate(rate_limit),
         "retries": retries,
         "backoff": _seconds(backoff, "backoff", positive=False),
         "retry_on": retry_on,

@@ -5,7 +5,10 @@ A failing task never kills the worker: its exception, ``SystemExit`` and
 formatted traceback) for a call, and a log line for a job. ``time_limit`` is
 enforced with a ``gevent.Timeout`` that only this module raises and swallows
 (any other timeout propagates) and, for tasks that never yield, by the
-watchdog's soft-limit signal (``watchdog.py``).
+watchdog's soft-limit signal (``watchdog.py``). ``soft_time_limit`` is a second
+``gevent.Timeout`` that raises :class:`~zqsync.errors.SoftTimeLimitExceeded` into the
+task where it yields, handed to the watchdog too, which raises it where the task does
+not yield (whichever comes first; never both): the task may catch it and clean up.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Callable, Optional, Union
 
 import gevent
 
-from ..errors import DeadlineExpired, NoJournal, ProtocolError, RemoteError, TimeLimitExceeded, UnknownTask
+from ..errors import DeadlineExpired, NoJournal, ProtocolError, RemoteError, SoftTimeLimitExceeded, TimeLimitExceeded, UnknownTask
 from ..logs import RateLimitedLog
 from ..wire import envelope
 from .durations import Durations
@@ -149,13 +152,21 @@ class Runner:
         self.counters["calls_succeeded" if ok else "calls_failed"] += 1
         return reply
 
-    def expired(self, request: envelope.Request) -> Optional[float]:
+    def expired(self, request: envelope.Request, *, durable: bool = False) -> Optional[float]:
         """Seconds by which ``request`` is past its deadline (counted as ``calls_expired`` or
-        ``jobs_expired``, and logged, rate-limited), or ``None`` if it may start."""
-        late = None if request.expires is None else time.monotonic() - request.expires
+        ``jobs_expired``, and logged, rate-limited), or ``None`` if it may start.
+
+        :param durable: a confirmed job's: its expiry is ``options["expires"]``, epoch seconds (it outlives
+            processes), where a plain job's or call's is ``expires``, this process's monotonic time.
+        """
+        if durable:
+            expires = request.options.get("expires")
+            late = None if expires is None else time.time() - expires
+        else:
+            late = None if request.expires is None else time.monotonic() - request.expires
         if late is None or late <= 0:
             return None
-        self.counters["jobs_expired" if request.kind == "job" else "calls_expired"] += 1
+        self.counters["calls_expired" if request.kind == "call" else "jobs_expired"] += 1
         self._log.warning(("expired", request.kind), "did not start %s %s (%s): its deadline passed %.3f s ago",
                           request.kind, request.id, request.task, late)
         return late
@@ -237,8 +248,9 @@ class Runner:
         step = 1 if counted else 0
         self.counters["in_flight"] += step
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
+        notice = _soft_notice(task)
         if self.watchdog is not None:
-            self.watchdog.enter(task.name, task.time_limit)
+            self.watchdog.enter(task.name, task.time_limit, notice)
         started = time.perf_counter()
         result: Any = _NOTHING
         try:
@@ -258,6 +270,8 @@ class Runner:
             if self.watchdog is not None:
                 self.watchdog.leave()
             timer.close()
+            if notice is not None:
+                notice.close()
             self.counters["in_flight"] -= step
             if counted:
                 self.durations.record(task.name, time.perf_counter() - started)
@@ -275,6 +289,15 @@ class Runner:
         log.warning("task %r exceeded its time limit of %s s", task.name, task.time_limit)
         info = (TimeLimitExceeded.__name__, f"task {task.name!r} exceeded its time limit of {task.time_limit} s", "")
         return False, info, TimeLimitExceeded(*info)
+
+
+def _soft_notice(task: Task) -> Optional[gevent.Timeout]:
+    """The started timer that raises ``SoftTimeLimitExceeded`` into the task where it yields, or ``None``."""
+    if task.soft_time_limit is None:
+        return None
+    error = SoftTimeLimitExceeded(SoftTimeLimitExceeded.__name__,
+                                  f"task {task.name!r} ran past its soft time limit of {task.soft_time_limit} s")
+    return gevent.Timeout.start_new(task.soft_time_limit, error)
 
 
 def _context(task: Task, request: envelope.Request, attempt: int) -> TaskContext:

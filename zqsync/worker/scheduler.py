@@ -14,9 +14,9 @@
 * A failed journal write is logged at ERROR and retried with backoff:
   outcomes are kept until written, a confirm is answered with a
   ``JournalUnavailable`` error instead of an acknowledgement.
-* The replay loop claims the pending jobs of dead owners (whose task this
+* The replay loop (``replay.py``) claims the pending jobs of dead owners (whose task this
   worker has) every ``replay_interval`` seconds, then streams the due ones
-  from the journal in batches of :data:`REPLAY_BATCH`, through the same
+  from the journal in bounded batches, through the same
   bounded backlog as new jobs: memory stays flat however many are pending.
   A job that was running when its process died runs alone (no other task
   in this process meanwhile), after its backoff and after the other due jobs.
@@ -24,6 +24,10 @@
   its due time as ``next_at``: the replay loop starts it, in due-time order,
   at or after that time, in this process or, after a restart, in the one
   that claims it.
+* Rate limits and expiry (``pacing.py``): a job whose rate limit's turn is later waits for it in a
+  timer, holding no task slot, then queues to run. A plain job waits so only while it finds a
+  backlog place (``max_backlog``, shared with confirmed jobs), else in its slot: the worker then
+  reads no more jobs, as when its slots are busy. A job past its expiry is not started.
 * Each attempt tells the :class:`~zqsync.worker.status.JobBook` when it starts
   and how it ends (status, results, long-polls, cancel). A cancelled journaled
   job's start is refused by the journal; a cancelled running one ends in
@@ -35,7 +39,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Optional
 
 import gevent
 import gevent.event
@@ -46,39 +50,18 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
-from .group_commit import GroupCommit, retry_delay
+from .confirming import Confirming
+from .group_commit import GroupCommit
 from .inline import run_inline
-from .journal_api import ALONE, DIED, SHARED, JournalBackend, NewJob, Outcome, Row, Start, open_journal
-from .registry import Task
+from .jobs import Confirm, Job
+from .journal_api import ALONE, SHARED, JournalBackend, Outcome, Start, open_journal
+from .pacing import Pacing, describe
+from .ratelimit import RateLimits
+from .replay import JournalReplay
 from .runner import ErrorInfo, Runner, unsendable
 from .status import Cancelled, JobBook
 
 log = logging.getLogger(__name__)
-
-#: Journaled jobs read from the journal per replay step.
-REPLAY_BATCH = 500
-
-
-class Job(NamedTuple):
-    """A job on its way through the scheduler."""
-
-    task: Task
-    request: envelope.Request
-    attempts: int = 0
-    durable: bool = False
-    admitted: bool = False  # holds a backlog place until it starts
-    alone: bool = False  # was running when its process died: runs with no other task beside it
-    counted: bool = False  # its next attempt is already counted in the journal (by the insert)
-
-
-class Confirm(NamedTuple):
-    """A confirmed job on its way to the journal, and how to answer its client (in the hub)."""
-
-    task: Task
-    request: envelope.Request
-    due: float  # epoch seconds, or 0.0: run now
-    answer: Callable[[bytes], None]
-    counted: bool  # its insert counts the first attempt (NewJob.retry_at)
 
 
 def build_scheduler(
@@ -98,7 +81,7 @@ def build_scheduler(
     return JobScheduler(runner, slots, journal=journal, **options)
 
 
-class JobScheduler:
+class JobScheduler(Confirming, Pacing, JournalReplay):
     """Dispatches jobs into ``slots`` with retries; journals confirmed jobs when ``journal`` is given.
 
     :param runner: decodes and runs tasks, and counts.
@@ -138,6 +121,8 @@ class JobScheduler:
         self._holding: Optional[Job] = None  # taken from the ready queue, waiting for a slot
         self._counting = 0  # confirmed jobs whose first attempt is counted by their insert, not started yet
         self.book = JobBook(journal, keep_done, flush=self.flush)
+        #: the rate limits' buckets of this process (``zqsync.stats``' ``rate_limited``)
+        self.limits = RateLimits()
         for key in ("confirmed_refused", "journal_errors", "jobs_cancelled"):
             runner.counters.setdefault(key, 0)
         if journal is not None:
@@ -164,7 +149,7 @@ class JobScheduler:
             gevent.killall(dispatcher)
 
     def discard_plain_pending(self) -> int:
-        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry or a slot.
+        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
 
         They are kept only in memory, so they are lost with the process; confirmed
         ones stay pending in the journal. Returns how many there are.
@@ -174,8 +159,9 @@ class JobScheduler:
         if plain:
             counters = self.runner.counters
             counters["jobs_discarded_on_stop"] = counters.get("jobs_discarded_on_stop", 0) + len(plain)
-            log.warning("dropped %d pending plain job retr%s on shutdown (kept only in memory): %s", len(plain),
-                        "y" if len(plain) == 1 else "ies", ", ".join(f"{job.request.id} ({job.task.name})" for job in plain))
+            log.warning("dropped %d pending plain job(s) (waiting for a retry or a rate limit's turn) on shutdown "
+                        "(kept only in memory): %s", len(plain),
+                        ", ".join(f"{job.request.id} ({job.task.name})" for job in plain))
         return len(plain)
 
     def stop(self) -> None:
@@ -202,106 +188,20 @@ class JobScheduler:
     def run_plain(self, frame: bytes) -> None:
         """Run a job received on the jobs socket (called in a slot)."""
         decoded = self.runner.decode_job(frame)
-        if decoded is not None:
-            self._attempt(Job(*decoded))
-
-    def admit(self, request: envelope.Request, task: Task, answer: Callable[[bytes], None]) -> None:
-        """Journal a confirmed job without waiting: ``answer(reply frame)`` is called later, in the hub.
-
-        Never blocks. The job goes to the writer thread, which commits it with
-        every job that arrived meanwhile (group commit) and then posts one hub
-        callback per batch (:meth:`_answer_batch`) that answers the batch's
-        jobs, so a job is acknowledged only after the transaction holding it
-        has committed and the journal file was checked to be the one opened.
-        A job id seen before is acknowledged as a duplicate and not run again;
-        one that is dead-lettered gets a ``DuplicateJob`` error. If the journal
-        cannot be written (or its file is gone), the answer is a
-        ``JournalUnavailable`` error naming the cause, never an acknowledgement:
-        at once while the journal is known to be broken. A new job waits for a
-        backlog place (``max_backlog``) before it is acknowledged.
-        """
-        assert self._commits is not None  # admit is the runner's confirm only with a journal
-        refusal = self._commits.gone or self._commits.broken
-        if refusal:  # fail fast until the write loop finds the journal writable
-            answer(self._refuse(request, refusal))
+        if decoded is None:
             return
-        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs)
-        due = float(request.options.get("due", 0.0))  # checked when the request was decoded
-        now = time.time()
-        due = due if due > now else 0.0
-        # A job that will find a free slot the moment it is committed has its first attempt counted by
-        # its insert (NewJob.retry_at): one journal operation less per job. Should the process die
-        # before the attempt starts, the job is replayed like any job that was running then (alone,
-        # attempt counted; never dead-lettered for it, since it was not running alone).
-        counted = not due and self._counting < self.slots.free_count()
-        self._counting += counted
-        retry_at = now + task.backoff_for(1) if counted else 0.0
-        self._commits.put("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
-                          Confirm(task, request, due, answer, counted))
-
-    def _answer_batch(self, waiting: list[tuple[str, Any, Any]], fresh: list[Optional[str]], refused: set[str],
-                      error: Optional[Exception]) -> None:
-        """In the hub, after the writer thread committed a batch (or failed to, with ``error``): answer its
-        confirmed jobs and the greenlets waiting to start an attempt."""
-        states = iter(fresh)
-        for op, item, result in waiting:
-            if op != "add":  # a start or a flush: its greenlet waits for the commit
-                if error is None:
-                    result.set(op == "flush" or item.id not in refused)
-                else:
-                    result.set_exception(error)
-            elif error is None:
-                self._journaled(result, next(states))
-            else:
-                self._counting -= result.counted
-                result.answer(self._refuse(result.request, f"{type(error).__name__}: {error}"))
-
-    def _journaled(self, confirm: "Confirm", existing: Optional[str]) -> None:
-        """Answer a confirmed job whose journal transaction committed (``existing``: the state of a row
-        already under its id, ``None`` if the job is new)."""
-        request = confirm.request
-        if existing is None:
-            self.runner.counters["jobs_received"] += 1
-            self.runner.counters["confirmed_accepted"] += 1
-            if not confirm.due:
-                if self._backlog.acquire(blocking=False):
-                    self._enter_backlog(confirm)
-                else:  # past the backlog bound the acknowledgement waits for a place (_free_place)
-                    self._parked.append(confirm)
-                return
-            log.info("journaled job %s (%s) to run at or after %.3f (epoch s)", request.id, request.task, confirm.due)
-            confirm.answer(envelope.encode_result(request.id, {"job_id": request.id, "duplicate": False,
-                                                               "due": confirm.due}))
+        job = Job(*decoded)
+        delay = self._turn(job)
+        if delay and self._backlog.acquire(blocking=False):
+            self._wait_turn(delay, job._replace(admitted=True))
             return
-        self._counting -= confirm.counted
-        self.runner.counters["confirmed_duplicates"] += 1
-        if existing == "dead":
-            confirm.answer(envelope.encode_error(
-                request.id, "DuplicateJob",
-                f"job {request.id} is already journaled and dead-lettered (its attempts are exhausted), so it "
-                f"was not run again: see `zqsync jobs --id {request.id}`, re-run it with `zqsync jobs requeue "
-                f"{request.id}`, or enqueue it under a new id"))
-            return
-        confirm.answer(envelope.encode_result(request.id, {"job_id": request.id, "duplicate": True}))
-
-    def _enter_backlog(self, confirm: "Confirm") -> None:
-        """A journaled new job that holds a backlog place: queue it to run, then acknowledge it."""
-        self._ready.put(Job(confirm.task, confirm.request, 0, True, admitted=True, counted=confirm.counted))
-        confirm.answer(envelope.encode_result(confirm.request.id, {"job_id": confirm.request.id, "duplicate": False}))
-
-    def _free_place(self) -> None:
-        """A backlog place is free: it goes to the oldest journaled job waiting for one, if any."""
-        if self._parked:
-            self._enter_backlog(self._parked.popleft())
-        else:
-            self._backlog.release()
-
-    def _refuse(self, request: envelope.Request, cause: str) -> bytes:
-        self.runner.counters["confirmed_refused"] += 1
-        log.error("refused confirmed job %s (%s): the journal cannot be written: %s", request.id, request.task, cause)
-        return envelope.encode_error(
-            request.id, "JournalUnavailable",
-            f"the worker could not journal job {request.id}, so it did not acknowledge it: {cause}")
+        if delay:  # no backlog place: it waits in its slot, and the worker reads no more jobs meanwhile
+            self.limits.waiting(job.task.name, 1)
+            try:
+                gevent.sleep(min(delay, self._expires_in(job)))
+            finally:
+                self.limits.waiting(job.task.name, -1)
+        self._attempt(job)
 
     # -- execution -------------------------------------------------------
 
@@ -312,6 +212,11 @@ class JobScheduler:
         current = gevent.getcurrent()
         while self._greenlets[0] is current and not self._paused:
             job = self._holding = self._ready.get()
+            delay = self._turn(job)
+            if delay:
+                self._holding = None
+                self._wait_turn(delay, job)
+                continue
             if not job.alone:
                 self.slots.wait_available()
             self._holding = None
@@ -347,8 +252,8 @@ class JobScheduler:
             gate.set()
 
     def _attempt(self, job: Job) -> None:
-        if not job.durable and self.runner.expired(job.request) is not None:
-            return  # a plain job past its deadline: counted and logged, not run (nor retried)
+        if self._expire(job):
+            return
         attempts = job.attempts + 1
         job_id = job.request.id
         if not job.durable and self.book.take_cancel(job_id):
@@ -374,9 +279,9 @@ class JobScheduler:
         self.runner.counters["jobs_retried"] += 1
         log.warning("job %s (%s) failed, attempt %d; retrying in %.3f s: %s: %s",
                     job_id, job.task.name, attempts, delay, value[0], value[1])
-        self._settle(job, Outcome(job_id, "pending", attempts, time.time() + delay, _describe(value)),
+        self._settle(job, Outcome(job_id, "pending", attempts, time.time() + delay, describe(value)),
                      "scheduled", error=value)
-        self._later(delay, job._replace(attempts=attempts, counted=False))
+        self._later(delay, job._replace(attempts=attempts, counted=False, waited=False))
 
     def _succeeded(self, job: Job, attempts: int, value: Any, keep: bool) -> None:
         """Settle a job that returned ``value``; one whose result is to be kept (journaled, or kept on
@@ -389,7 +294,7 @@ class JobScheduler:
                 self.runner.counters["jobs_failed"] += 1
                 error = unsendable(job.task, exc)
                 log.error("job %s (%s) failed: %s: %s", job.request.id, job.task.name, *error[:2])
-                self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, _describe(error)), "failed",
+                self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, describe(error)), "failed",
                              error=error)
                 return
         self.runner.counters["jobs_succeeded"] += 1
@@ -400,7 +305,7 @@ class JobScheduler:
         self.runner.counters["jobs_cancelled"] += 1
         log.warning("job %s (%s) was cancelled while running (attempt %d)", job.request.id, job.task.name, attempts)
         error = ("JobCancelled", "the job was cancelled while it ran", "")
-        self._settle(job, Outcome(job.request.id, "cancelled", attempts, 0.0, _describe(error)), "cancelled",
+        self._settle(job, Outcome(job.request.id, "cancelled", attempts, 0.0, describe(error)), "cancelled",
                      error=error)
 
     def _count_start(self, job: Job, attempts: int) -> bool:
@@ -428,7 +333,7 @@ class JobScheduler:
         where = " and moved to the dead-letter state" if job.durable else ""
         log.error("job %s (%s) failed after %d attempt(s)%s: %s: %s\n%s",
                   job.request.id, job.task.name, attempts, where, *error)
-        self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, _describe(error)),
+        self._settle(job, Outcome(job.request.id, "dead", attempts, 0.0, describe(error)),
                      "dead" if job.task.retries else "failed", error=error)
 
     def _settle(self, job: Job, outcome: Outcome, state: str, *, result: Any = None,
@@ -453,87 +358,6 @@ class JobScheduler:
         """
         if self._commits is not None:
             self._commits.wait("flush", None)
-
-
-    def _replay_loop(self) -> None:
-        """Claim and replay, forever; a failure is logged at ERROR and retried with backoff."""
-        failures = 0
-        last_prune = 0.0
-        while True:
-            try:
-                self._claim_and_replay()
-                if time.monotonic() - last_prune > max(self.replay_interval, min(60.0, self.keep_done, self.keep_dead)):
-                    self._prune()
-                    last_prune = time.monotonic()
-            except Exception as exc:
-                failures += 1
-                self.runner.counters["journal_errors"] += 1
-                delay = retry_delay(failures, self.replay_interval)
-                log.error("journal replay failed (%d in a row), retrying in %.1f s: %s: %s%s",
-                          failures, delay, type(exc).__name__, exc, self.journal.repair_hint(exc) if self.journal else "")
-                gevent.sleep(delay)
-                continue
-            failures = 0
-            gevent.sleep(self.replay_interval)
-
-    def _claim_and_replay(self) -> None:
-        assert self.journal is not None
-        pool = gevent.get_hub().threadpool
-        claim = pool.apply(self.journal.claim, (self.runner.registry.names(),))
-        if claim.claimed:
-            log.info("claimed %d pending job(s) of worker processes that are gone", claim.claimed)
-        for job_id in claim.died:
-            self.runner.counters["jobs_dead"] += 1
-            log.error("job %s moved to the dead-letter state: its attempts are exhausted and the %s", job_id, DIED)
-        for task, count in claim.foreign.items():
-            if task not in self._foreign:
-                self._foreign.add(task)
-                log.warning("%d pending job(s) of task %r belong to a worker process that is gone, but this "
-                            "worker has no such task: left for a worker that has it", count, task)
-        while True:
-            rows = pool.apply(self.journal.take_replays, (REPLAY_BATCH,))
-            for row in rows:
-                self._replay(row)
-            if len(rows) < REPLAY_BATCH:
-                return
-
-    def _prune(self) -> None:
-        assert self.journal is not None
-        pool = gevent.get_hub().threadpool
-        for state, keep in (("done", self.keep_done), ("cancelled", self.keep_done), ("dead", self.keep_dead)):
-            pruned = pool.apply(self.journal.purge, ((state,), keep))
-            if pruned:
-                log.info("pruned %d %s job(s) older than %.0f s from the journal", pruned, state, keep)
-        pool.apply(self.journal.sweep_owners)
-
-    def _replay(self, row: Row) -> None:
-        task = self.runner.registry.get(row.task)
-        try:
-            request = envelope.decode_request(row.body)
-        except ProtocolError as exc:
-            self._bury(row, f"ProtocolError: the journaled body cannot be decoded: {exc}")
-            return
-        if task is None:  # claimed only for our tasks; a registry does not change while we run
-            self._bury(row, f"UnknownTask: no task named {row.task!r}")
-            return
-        delayed = row.attempts == 0 and row.next_at
-        log.info("%s %s (%s), attempt %d", "starting delayed job" if delayed else "replaying journaled job",
-                 row.id, row.task, row.attempts + 1)
-        if not delayed:  # a delayed job was counted when accepted
-            self.runner.counters["jobs_replayed"] += 1
-        self._backlog.acquire()
-        self._ready.put(Job(task, request, row.attempts, True, admitted=True, alone=row.running > 0))
-
-
-    def _bury(self, row: Row, error: str) -> None:
-        self.runner.counters["jobs_dead"] += 1
-        log.error("journaled job %s moved to the dead-letter state: %s", row.id, error)
-        assert self._commits is not None
-        self._commits.put("record", Outcome(row.id, "dead", row.attempts, 0.0, error))
-
-
-def _describe(error: ErrorInfo) -> str:
-    return f"{error[0]}: {error[1]}"
 
 
 __all__ = ["Job", "JobScheduler", "build_scheduler"]

@@ -29,12 +29,12 @@ import gevent.event
 
 from ..errors import NoJournal, ProtocolError
 from ..wire import envelope
-from .journal_api import CANCELLED, JournalBackend, Row
+from .journal_api import CANCELLED, FINISHED_STATES, JournalBackend, Row
 
 log = logging.getLogger(__name__)
 
 #: States after which a job never changes again.
-TERMINAL = ("done", "failed", "dead", "cancelled")
+TERMINAL = ("done", "failed", "dead", "cancelled", "expired")
 #: Most plain-job statuses one process keeps in memory (oldest dropped first).
 MAX_KEPT = 10_000
 #: Longest single ``zqsync.result`` long-poll, seconds (clients call again for longer waits).
@@ -241,7 +241,8 @@ class JobBook:
     def jobs(self, state: Optional[str] = None, offset: int = 0, limit: int = 50) -> dict[str, Any]:
         """``zqsync.jobs``: the journal's job counts per state, and one page of the rows in ``state``.
 
-        :param state: a journal state (``pending``, ``done``, ``dead``, ``cancelled``), or ``None`` for counts only.
+        :param state: a journal state (``pending``, ``done``, ``dead``, ``cancelled``, ``expired``), or ``None``
+            for counts only.
         :param offset: rows to skip (oldest first). :param limit: most rows, at most :data:`MAX_PAGE`.
         :returns: ``{"counts": {state: n}, "running": [ids running in this process], "rows": [{"id", "task",
             "args" (a short repr), "state", "attempts", "error", "enqueued_at", "started_at", "finished_at",
@@ -267,14 +268,14 @@ class JobBook:
         return int(gevent.get_hub().threadpool.apply(journal.requeue, (list(ids or ()),), {"all_dead": all_dead}))
 
     def purge(self, states: Sequence[str], older_than: float) -> int:
-        """``zqsync.purge``: delete finished rows in ``states`` (``done``, ``dead``, ``cancelled``) last
+        """``zqsync.purge``: delete finished rows in ``states`` (``done``, ``dead``, ``cancelled``, ``expired``) last
         updated more than ``older_than`` seconds ago; returns how many. Pending rows are never purged.
 
         :raises NoJournal: this worker keeps no journal. :raises ValueError: a bad state or age.
         """
         journal = self._journal()
-        if not states or not set(states) <= {"done", "dead", "cancelled"}:
-            raise ValueError(f"states must be some of done, dead, cancelled; got {states!r}")
+        if not states or not set(states) <= set(FINISHED_STATES):
+            raise ValueError(f"states must be some of {', '.join(FINISHED_STATES)}; got {states!r}")
         if not isinstance(older_than, (int, float)) or older_than < 0:
             raise ValueError(f"older_than must be seconds >= 0, got {older_than!r}")
         return int(gevent.get_hub().threadpool.apply(journal.purge, (list(states), float(older_than))))

@@ -14,6 +14,12 @@ in the hub can stop it. The watchdog is a native thread outside the hub:
   does the same with SIGUSR1). It cannot interrupt a single long C call that
   holds the GIL (a catastrophic regex, ``time.sleep`` from an unpatched C
   library): the handler runs only when that call returns.
+* **A task's soft_time_limit** (the notice, before its ``time_limit``) reaches a
+  task that does not yield the same way: past the notice's time, the signal's
+  handler raises the runner's :class:`~zqsync.errors.SoftTimeLimitExceeded`
+  into it, unless the runner's own ``gevent.Timeout`` for it already fired
+  (then the timer is no longer ``pending``): once, whichever comes first. The
+  next signal is then due at the task's ``time_limit``.
 * **Hard limit.** ``hard_grace`` seconds after a task's soft limit, the
   process ends if the hub is still blocked. The standard library's
   ``faulthandler.dump_traceback_later`` enforces it: its timer thread is C
@@ -89,10 +95,12 @@ RESIGNAL = 0.5
 
 
 class _Running:
-    __slots__ = ("name", "soft", "hard", "next_signal")
+    __slots__ = ("name", "soft", "hard", "notice", "notice_at", "next_signal")
 
-    def __init__(self, name: str, soft: float, hard: Optional[float], kill_at: float) -> None:
-        self.name, self.soft, self.hard, self.next_signal = name, soft, hard, min(soft, kill_at)
+    def __init__(self, name: str, soft: float, hard: Optional[float], kill_at: float,
+                 notice: Optional[gevent.Timeout], notice_at: float) -> None:
+        self.name, self.soft, self.hard, self.notice, self.notice_at = name, soft, hard, notice, notice_at
+        self.next_signal = min(notice_at, soft, kill_at)
 
 
 def original_signal(signum: int, handler: Any) -> None:
@@ -165,12 +173,17 @@ class Watchdog:
         self._stop_hard = self._kill_at + HARD_STOP_GRACE
         self._arm(time.monotonic())
 
-    def enter(self, name: str, time_limit: Optional[float]) -> None:
-        """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit)."""
+    def enter(self, name: str, time_limit: Optional[float], notice: Optional[gevent.Timeout] = None) -> None:
+        """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit).
+
+        :param notice: the started ``gevent.Timeout`` of the task's ``soft_time_limit``, whose exception
+            the watchdog raises where the task does not yield (``None``: no soft time limit).
+        """
         now = time.monotonic()
         soft = math.inf if time_limit is None else now + time_limit
         hard = None if time_limit is None else soft + self.hard_grace
-        self._running[gevent.getcurrent()] = _Running(name, soft, hard, self._kill_at)
+        notice_at = math.inf if notice is None else now + notice.seconds
+        self._running[gevent.getcurrent()] = _Running(name, soft, hard, self._kill_at, notice, notice_at)
         if hard is not None and (self._armed_until is None or hard < self._armed_until):
             self._arm(now)
 
@@ -208,7 +221,16 @@ class Watchdog:
     def _on_soft_signal(self, signum: int, frame: Any) -> None:
         self.kill_if_due()
         running = self._running.get(gevent.getcurrent())
-        if running is not None and time.monotonic() >= running.soft:
+        if running is None:
+            return
+        now = time.monotonic()
+        if running.notice is not None and now >= running.notice_at:
+            notice, running.notice = running.notice, None
+            running.next_signal = min(running.soft, self._kill_at)
+            if notice.pending:  # not raised where the task yielded: raise it here, once
+                notice.close()
+                raise notice.exception
+        if now >= running.soft:
             raise SoftTimeLimit(f"task {running.name!r} ran past its time limit without yielding")
 
     def kill_if_due(self) -> None:
