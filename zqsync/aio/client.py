@@ -286,9 +286,9 @@ class AsyncClient:
 
     def stats(self) -> dict[str, Any]:
         """Counters of this client in this process: ``enqueued``, ``dropped``, ``confirmed``,
-        ``confirm_retries``, ``calls``, ``call_errors``, ``call_timeouts``, and ``"jobs"`` / ``"calls"``:
-        each pool's :meth:`AsyncSocketPool.stats`."""
-        return {**self._counts, "jobs": self._jobs.stats(), "calls": self._calls.stats()}
+        ``confirm_retries``, ``calls``, ``call_errors``, ``call_timeouts``, and ``"job_sockets"`` /
+        ``"call_sockets"``: each pool's :meth:`AsyncSocketPool.stats`."""
+        return {**self._counts, "job_sockets": self._jobs.stats(), "call_sockets": self._calls.stats()}
 
     def close(self, *, linger: Optional[float] = None) -> None:
         """Close every idle pooled socket of this process (leased ones close when their request ends).

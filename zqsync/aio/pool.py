@@ -138,6 +138,7 @@ class AsyncSocketPool:
         self._loops: dict[int, weakref.ReferenceType] = {}  # owner serial -> its loop
         self._serial: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._leased: set[zmq.asyncio.Socket] = set()
+        self._live = 0  # sockets open now
         self._pid = pid  # written last: a thread racing the reset still sees a mismatch
 
     def _after_fork_in_child(self) -> None:
@@ -219,6 +220,7 @@ class AsyncSocketPool:
             raise
         with self._lock:
             self._stats["opened"] += 1
+            self._live += 1
             self._leased.add(sock)
         return sock
 
@@ -232,12 +234,21 @@ class AsyncSocketPool:
             keep = not failed and not self._closed and not sock.closed and len(bucket) < self.pool_size
             if keep:
                 bucket.append(sock)
-            elif failed:
-                self._stats["discarded"] += 1
             else:
-                self._stats["discarded_full"] += 1
+                self._stats["discarded" if failed else "discarded_full"] += 1
         if not keep:
             sock.close(linger=None if self.send_only or not failed else 0)
+            self._forget()
+
+    def _forget(self) -> None:
+        """Count a socket as closed; terminate the context once the pool is closed and no socket is open."""
+        with self._lock:
+            self._live -= 1
+            context = self._context if self._closed and self._live == 0 else None
+            if context is not None:
+                self._context = None
+        if context is not None:
+            context.term()  # every socket is closed: waits only for their lingers
 
     # -- sweeping, reporting and shutdown --------------------------------------
 
@@ -252,6 +263,7 @@ class AsyncSocketPool:
                 del self._permits[key]
                 for sock in self._idle.pop(key, []):
                     lifecycle.close_foreign(sock, int(self._settings.linger * 1000))
+                    self._live -= 1
                     self._stats["swept"] += 1
 
     def sweep(self) -> None:
@@ -284,22 +296,29 @@ class AsyncSocketPool:
             self._closed = True
             idle = [(self._loops[key[0]](), sock) for key, bucket in self._idle.items() for sock in bucket]
             self._idle.clear()
+            self._live += 1  # held while closing, so the context outlives the closes below
         for loop, sock in idle:
-            _close_on_its_loop(loop, sock, linger_ms)
+            self._close_on_its_loop(loop, sock, linger_ms)
+        self._forget()
 
+    def _close_on_its_loop(self, loop: Optional[asyncio.AbstractEventLoop], sock: zmq.asyncio.Socket,
+                           linger_ms: int) -> None:
+        """Close ``sock``, whose descriptor ``loop`` watches, never touching another thread's running loop."""
+        if loop is not None and loop.is_running() and _running_loop() is not loop:
+            try:
+                loop.call_soon_threadsafe(self._close, sock, linger_ms)
+                return
+            except RuntimeError:  # that loop closed meanwhile
+                pass
+        if loop is None or loop.is_closed() or _running_loop() is not loop:
+            lifecycle.close_foreign(sock, linger_ms)
+            self._forget()
+        else:
+            self._close(sock, linger_ms)
 
-def _close_on_its_loop(loop: Optional[asyncio.AbstractEventLoop], sock: zmq.asyncio.Socket, linger_ms: int) -> None:
-    """Close ``sock``, whose descriptor ``loop`` watches, without touching another thread's running loop."""
-    if loop is not None and loop.is_running() and _running_loop() is not loop:
-        try:
-            loop.call_soon_threadsafe(sock.close, linger_ms)
-            return
-        except RuntimeError:  # closed meanwhile
-            pass
-    if loop is None or loop.is_closed() or _running_loop() is not loop:
-        lifecycle.close_foreign(sock, linger_ms)
-    else:
+    def _close(self, sock: zmq.asyncio.Socket, linger_ms: int) -> None:
         sock.close(linger=linger_ms)
+        self._forget()
 
 
 def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
