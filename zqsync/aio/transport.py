@@ -1,7 +1,7 @@
 """Deadline-bounded send and receive on ``zmq.asyncio`` sockets (the asyncio twin of ``client/transport.py``).
 
 ``timeout`` is seconds as a float: ``0`` makes one non-blocking attempt, ``None`` waits without
-bound. A send first tries ``NOBLOCK`` (pyzmq's own fast path). A wait is pyzmq's: the socket's
+bound. A send first tries ``NOBLOCK``. A wait is pyzmq's: the socket's
 ``SNDTIMEO``/``RCVTIMEO``, set before each wait, arm a timer on the loop that fails the future
 with ``zmq.Again``, so no task is created per request. Cancelling the awaiting task cancels the
 future: a cancelled send sent nothing, and the pool discards the socket of a cancelled receive.
@@ -26,11 +26,14 @@ async def send(sock: zmq.asyncio.Socket, frame: bytes, timeout: Optional[float])
     :raises zmq.ZMQError: any error other than "would block".
     """
     try:
+        await sock.send(frame, zmq.NOBLOCK)  # the common case: room in the pipe, no option to set
+        return True
+    except zmq.Again:
         if timeout == 0:
-            await sock.send(frame, zmq.NOBLOCK)
-        else:
-            sock.setsockopt(zmq.SNDTIMEO, _ms(timeout))
-            await sock.send(frame)
+            return False
+    try:
+        sock.setsockopt(zmq.SNDTIMEO, _ms(timeout))
+        await sock.send(frame)
         return True
     except zmq.Again:
         return False
