@@ -21,7 +21,8 @@ import datetime
 import functools
 import os
 import time
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+import weakref
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
 
 import zmq
 
@@ -40,6 +41,10 @@ from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
 from . import lookups, transport
 from .pool import AsyncSocketPool
+
+if TYPE_CHECKING:
+    from ..worker.handles import TaskHandle
+    from .tasks import AsyncTask, P, R
 
 
 class AsyncJob(str):
@@ -121,6 +126,8 @@ class AsyncClient:
         self._counts = dict.fromkeys(
             ("enqueued", "dropped", "confirmed", "confirm_retries", "calls", "call_errors", "call_timeouts"), 0)
         self._closed = False
+        # A client let go without close() still closes its sockets when collected.
+        weakref.finalize(self, _close_pools, self._jobs, self._calls, self._probes)
 
     # -- enqueue ---------------------------------------------------------------
 
@@ -276,7 +283,7 @@ class AsyncClient:
         self._check_open()
         return await lookups.locate(self, job_id, self._timeout(timeout), admin_call="zqsync.cancel")
 
-    def task(self, handle: Any) -> Any:
+    def task(self, handle: "TaskHandle[P, R]") -> "AsyncTask[P, R]":
         """An :class:`~zqsync.aio.AsyncTask` sending ``handle`` (a ``@registry.task``) through this client."""
         from .tasks import AsyncTask
 
@@ -294,9 +301,7 @@ class AsyncClient:
         """Close every idle pooled socket of this process (leased ones close when their request ends).
         Idempotent; returns within about ``linger`` seconds (default the client's)."""
         self._closed = True
-        self._jobs.close(linger=linger)
-        self._calls.close(linger=0)
-        self._probes.close(linger=0)
+        _close_pools(self._jobs, self._calls, self._probes, linger)
 
     async def aclose(self, *, linger: Optional[float] = None) -> None:
         """:meth:`close`, as a coroutine (for ``async with`` and lifespan handlers)."""
@@ -320,3 +325,11 @@ class AsyncClient:
 
     def __repr__(self) -> str:
         return f"<zqsync.aio.AsyncClient {list(self.endpoints)}>"
+
+
+def _close_pools(jobs: AsyncSocketPool, calls: AsyncSocketPool, probes: SocketPool,
+                 linger: Optional[float] = None) -> None:
+    """Close a client's job sockets (their queued jobs get ``linger``, default the client's), then the others."""
+    jobs.close(linger=linger)
+    calls.close(linger=0)
+    probes.close(linger=0)
