@@ -90,15 +90,18 @@ def raw_call(context: zmq.asyncio.Context, endpoint: str) -> tuple[Call, zmq.asy
     return call, sock
 
 
-async def time_calls(call: Call, calls: int) -> list[float]:
-    """Per-call latencies in microseconds of ``calls`` sequential awaited calls."""
+async def time_calls(call: Call, calls: int) -> tuple[list[float], float]:
+    """Per-call latencies in microseconds of ``calls`` sequential awaited calls, and this process's CPU time
+    per call over them (microseconds: the client's own cost, libzmq's I/O thread included, which a busy
+    machine's scheduling noise barely touches)."""
     clock = time.perf_counter_ns
     elapsed = []
+    cpu = time.process_time()
     for _ in range(calls):
         started = clock()
         await call(PAYLOAD)
         elapsed.append(clock() - started)
-    return [ns / 1000.0 for ns in elapsed]
+    return [ns / 1000.0 for ns in elapsed], (time.process_time() - cpu) / calls * 1e6
 
 
 async def measure(endpoint: str, settings: Settings, mode: str) -> list[Row]:
@@ -113,21 +116,24 @@ async def measure(endpoint: str, settings: Settings, mode: str) -> list[Row]:
             if result != PAYLOAD:
                 raise RuntimeError(f"echo returned {result!r}")
         samples: dict[str, list[list[float]]] = {name: [] for name in variants}
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         for index in range(settings.rounds):
             shift = index % len(names)
             for name in names[shift:] + names[:shift]:
                 gc.collect()
-                samples[name].append(await time_calls(variants[name], settings.calls))
+                latencies, cpu_per_call = await time_calls(variants[name], settings.calls)
+                samples[name].append(latencies)
+                cpu[name].append(cpu_per_call)
     finally:
         client.close()
         sock.close()
         context.term()
-    return rows(mode, samples)
+    return rows(mode, samples, cpu)
 
 
-def rows(mode: str, samples: dict[str, list[list[float]]]) -> list[Row]:
-    """Median and p99 per variant over every round, and the ratio of medians (with its per-round values)."""
+def rows(mode: str, samples: dict[str, list[list[float]]], cpu: dict[str, list[float]]) -> list[Row]:
+    """Median and p99 per variant over every round, its client CPU per call, and the ratios of medians."""
     result = {}
     for name, per_round in samples.items():
         everything = [us for one_round in per_round for us in one_round]
@@ -135,12 +141,14 @@ def rows(mode: str, samples: dict[str, list[list[float]]]) -> list[Row]:
                            p99=statistics.quantiles(everything, n=100)[98],
                            rounds=[statistics.median(one_round) for one_round in per_round],
                            quantiles=distribution(everything))
+    spent = [Row(mode, f"{name}: client CPU per call", statistics.median(per_round), "us", rounds=per_round)
+             for name, per_round in cpu.items()]
     per_round = [a / b for a, b in zip(result["aio"].rounds or [], result["raw"].rounds or [])]
     ratio = checked(mode, "aio / raw zmq.asyncio (median)", result["aio"].value / result["raw"].value, "x",
                     "<=", MAX_RATIO, rounds=per_round)
     paired = checked(mode, "aio / raw zmq.asyncio (median of per-round ratios)", statistics.median(per_round), "x",
                      "<=", MAX_RATIO)
-    return [*result.values(), ratio, paired]
+    return [*result.values(), ratio, paired, *spent]
 
 
 def main() -> int:
