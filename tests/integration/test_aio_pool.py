@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from tests.conftest import MONKEY_PATCHED
-from tests.helpers import slack
+from tests.helpers import slack, wait_for
 from tests.integration import aio_tasks
 from zqsync.errors import CallTimeout, PoolError
 from zqsync.testing import run_in_fork
@@ -219,6 +219,24 @@ def test_a_forked_child_dials_its_own_socket_and_leaves_the_parent_s_alone(peer,
         assert [after[identity] for identity in parent] == [1], "the child used the parent's socket"
         assert loop.run_until_complete(client.call("echo", "parent again")) == "parent again"
         assert [identities(peer)[identity] for identity in parent] == [2]
+    finally:
+        client.close(linger=0)
+        loop.close()
+
+
+def test_the_idle_socket_of_a_closed_loop_is_closed_and_an_open_loop_s_is_kept(peer, zq_async_client):
+    """A loop that was closed leaves an idle socket: it is closed (when the next loop first leases, or
+    by the sweeper thread), and the worker sees its connection go; a loop still open keeps its own."""
+    client = zq_async_client(peer.endpoint, call_timeout=slack(10))
+    connections = peer.worker.intake.connections
+    assert asyncio.run(client.call("echo", 1)) == 1
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(client.call("echo", 2)) == 2
+        wait_for(lambda: connections["disconnections_rpc"] >= 1, timeout=10, what="the closed loop's socket to close")
+        assert loop.run_until_complete(client.call("echo", 3)) == 3
+        assert connections["disconnections_rpc"] == 1 and connections["connections_rpc"] == 2
+        assert sorted(identities(peer).values()) == [1, 2]
     finally:
         client.close(linger=0)
         loop.close()
