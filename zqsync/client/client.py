@@ -554,7 +554,8 @@ def _warn_event_loop() -> None:
     _warned_event_loop = True
     warnings.warn(
         "zqsync.Client blocks its caller: called from a coroutine, it stalls the asyncio event loop for the whole "
-        "call. Run it in a thread instead: await asyncio.to_thread(client.call, ...) (said once per process)",
+        "call. Use zqsync.aio.AsyncClient (await client.call(...)) or run it in a thread: "
+        "await asyncio.to_thread(client.call, ...) (said once per process)",
         ZqsyncWarning, stacklevel=4,
     )
 
