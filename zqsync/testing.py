@@ -15,6 +15,10 @@ Fixtures
     tests of task semantics (retries, time limits of tasks that yield, hooks,
     results, cancel) with no subprocess and no polling. Each is stopped at teardown.
 
+    ``zq_async_client``: a factory; ``zq_async_client(endpoint, **settings)`` returns a
+    :class:`zqsync.aio.AsyncClient` (``await client.call(...)`` in the test's coroutines, which
+    ``asyncio.run`` runs); each is closed at teardown.
+
     ``zq_peer``: a worker serving :data:`peer_registry`, whose tasks answer at
     once (``echo``), late (``delay``) or never (``drop``), and which records the
     ZMQ identity of every socket that calls it (``.identities()``).
@@ -46,7 +50,7 @@ from .errors import ForkFailed
 from .processes import WorkerProcess
 from .worker.registry import Registry
 
-__all__ = ["ForkFailed", "eager", "peer_registry", "run_in_fork", "zq_inprocess", "zq_peer", "zq_worker"]
+__all__ = ["ForkFailed", "eager", "peer_registry", "run_in_fork", "zq_async_client", "zq_inprocess", "zq_peer", "zq_worker"]
 
 peer_registry = Registry()
 
@@ -197,6 +201,23 @@ def zq_inprocess() -> Iterator[Callable[..., Any]]:
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def zq_async_client() -> Iterator[Callable[..., Any]]:
+    """Factory fixture: ``zq_async_client(endpoint, **ClientSettings fields)`` -> an ``AsyncClient``."""
+    from .aio import AsyncClient  # pyzmq's asyncio support, only for the tests that use one
+
+    made: list[AsyncClient] = []
+
+    def make(endpoints: Any, **settings: Any) -> AsyncClient:
+        client = AsyncClient(endpoints, **settings)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close(linger=0)
 
 
 @pytest.fixture

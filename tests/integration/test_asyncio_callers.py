@@ -23,7 +23,8 @@ def test_a_call_from_a_coroutine_warns_once_with_the_remedy(zq_worker, unwarned)
     worker = zq_worker()
 
     async def handler(client: zqsync.Client) -> list:
-        with pytest.warns(zqsync.ZqsyncWarning, match=r"stalls the asyncio event loop.*asyncio\.to_thread"):
+        with pytest.warns(zqsync.ZqsyncWarning,
+                          match=r"stalls the asyncio event loop.*zqsync\.aio\.AsyncClient.*asyncio\.to_thread"):
             first = client.call("add", 1, 2)
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -275,19 +275,10 @@ class Client:
             return routed.enqueue_with_options(task, args=args, kwargs=kwargs, confirm=confirm, congestion=congestion,
                                                send_timeout=send_timeout, job_id=job_id, delay=delay, eta=eta,
                                                store_result=store_result, expires=expires, deadline=deadline)
-        job_id = os.urandom(16).hex() if job_id is None else job_id
-        options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
-        due = _due(delay, eta)
-        if due is not None:
-            confirm, options = True, {"due": due}
-        kind = "confirm" if confirm else "job"
-        budget = expiry(expires, deadline)
-        if budget is not None and confirm:
-            options["expires"], budget = time.time() + budget, None  # journaled: it outlives processes
-        frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
-                                        options=options, deadline=budget)
-        if send_timeout is not None:
-            send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
+        frame, job_id, confirm, send_timeout = job_request(task, args, kwargs, confirm=confirm, job_id=job_id,
+                                                           delay=delay, eta=eta, store_result=store_result,
+                                                           expires=expires, deadline=deadline,
+                                                           send_timeout=send_timeout)
         if confirm:
             total = self.settings.confirm_timeout if send_timeout is None else send_timeout
             self._confirm(frame, job_id, task, total)
@@ -579,7 +570,8 @@ def _warn_event_loop() -> None:
     _warned_event_loop = True
     warnings.warn(
         "zqsync.Client blocks its caller: called from a coroutine, it stalls the asyncio event loop for the whole "
-        "call. Run it in a thread instead: await asyncio.to_thread(client.call, ...) (said once per process)",
+        "call. Use zqsync.aio.AsyncClient (await client.call(...)) or run it in a thread: "
+        "await asyncio.to_thread(client.call, ...) (said once per process)",
         ZqsyncWarning, stacklevel=4,
     )
 
@@ -603,6 +595,28 @@ def _due(delay: Optional[float], eta: Optional[datetime.datetime]) -> Optional[f
     if not isinstance(eta, datetime.datetime) or eta.utcoffset() is None:
         raise ConfigurationError(f"eta must be an aware datetime (with a tzinfo), got {eta!r}", setting="eta")
     return eta.timestamp()
+
+
+def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, Any]], *, confirm: bool,
+                job_id: Optional[str], delay: Optional[float], eta: Optional[datetime.datetime], store_result: bool,
+                deadline: Optional[float], send_timeout: Optional[float],
+                expires: Union[float, datetime.datetime, None] = None) -> tuple[bytes, str, bool, Optional[float]]:
+    """A job's frame from ``enqueue_with_options``' arguments (checked as it documents), with its id, whether it
+    is confirmed (a delayed job is) and its checked ``send_timeout``; shared by the asyncio client."""
+    job_id = os.urandom(16).hex() if job_id is None else job_id
+    options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
+    due = _due(delay, eta)
+    if due is not None:
+        confirm, options = True, {"due": due}
+    kind = "confirm" if confirm else "job"
+    budget = expiry(expires, deadline)
+    if budget is not None and confirm:
+        options["expires"], budget = time.time() + budget, None  # journaled: it outlives processes
+    frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
+                                    options=options, deadline=budget)
+    if send_timeout is not None:
+        send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
+    return frame, job_id, confirm, send_timeout
 
 
 def _task_name(task: str) -> str:

@@ -72,7 +72,7 @@ class CongestionState:
 
     def _reset(self) -> None:
         self._marked: set[Any] = set()
-        self._tried: weakref.WeakSet[zmq.Socket] = weakref.WeakSet()
+        self._tried: weakref.WeakSet[Any] = weakref.WeakSet()
         self.drops = 0
         self._log = RateLimitedLog(log, DROP_LOG_INTERVAL)
 
@@ -97,23 +97,32 @@ class CongestionState:
         :returns: ``True`` if sent, ``False`` if dropped (DROP only).
         :raises Congested: BLOCK and the deadline ran out.
         """
+        sent = transport.send(sock, frame, self.budget(sock, address, mode, send_timeout, wait_before_drop))
+        return self.outcome(address, mode, sent, send_timeout)
+
+    def budget(self, sock: Any, address: Any, mode: CongestionControl, send_timeout: Optional[float],
+               wait_before_drop: float) -> Optional[float]:
+        """How long (seconds, ``None``: no bound) a send under ``mode`` may wait for room; the pure half of
+        :meth:`send`, shared with the asyncio client (``zqsync/aio``), which does its own waiting."""
         if mode is CongestionControl.BLOCK:
-            if transport.send(sock, frame, send_timeout):
-                self._marked.discard(address)
-                return True
-            raise Congested(address, send_timeout or 0.0)
-        if address in self._marked:
-            if transport.send(sock, frame, 0):
-                self._marked.discard(address)
-                return True
-        elif transport.send(sock, frame, self._wait_for(sock, wait_before_drop)):
+            return send_timeout
+        return 0.0 if address in self._marked else self._wait_for(sock, wait_before_drop)
+
+    def outcome(self, address: Any, mode: CongestionControl, sent: bool, send_timeout: Optional[float]) -> bool:
+        """Record a send's result under ``mode`` (mark, unmark, count a drop); ``sent`` as :meth:`send` returns it.
+
+        :raises Congested: BLOCK and the frame was not sent.
+        """
+        if sent:
+            self._marked.discard(address)
             return True
-        else:
-            self._marked.add(address)
+        if mode is CongestionControl.BLOCK:
+            raise Congested(address, send_timeout or 0.0)
+        self._marked.add(address)
         self._dropped(address)
         return False
 
-    def _wait_for(self, sock: zmq.Socket, wait_before_drop: float) -> float:
+    def _wait_for(self, sock: Any, wait_before_drop: float) -> float:
         if sock in self._tried:
             return wait_before_drop
         self._tried.add(sock)

@@ -421,42 +421,8 @@ class SocketPool:
         )
 
     def _configure(self, sock: zmq.Socket, address: Address) -> None:
-        sock.setsockopt(zmq.LINGER, self._linger_ms)
-        sock.setsockopt(zmq.SNDHWM, self._hwm)
-        sock.setsockopt(zmq.RCVHWM, self._hwm)
-        # Queue only to completed connections: a send to a peer that never
-        # answered then waits (bounded by the caller's deadline) instead of
-        # being queued and delivered, stale, much later; and with several
-        # endpoints, messages go only to the ones that are up.
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        endpoints = (address,) if isinstance(address, str) else address
-        if any("://[" in endpoint for endpoint in endpoints):
-            sock.setsockopt(zmq.IPV6, 1)  # only for IPv6 literals: host names keep resolving to IPv4
-        self._configure_liveness(sock)
-        # A connect attempt is abandoned and redialled after connect_timeout
-        # instead of waiting out the kernel's growing SYN retry delay.
-        if self._connect_timeout_ms:
-            sock.setsockopt(zmq.CONNECT_TIMEOUT, self._connect_timeout_ms)
-        # The identity names the process, so a peer can count sockets per process.
-        sock.setsockopt(zmq.IDENTITY, f"zq-{os.getpid()}-{secrets.token_hex(4)}".encode())
-        for option, value in self._options.items():
-            sock.setsockopt(option, value)
-        for endpoint in endpoints:
-            sock.connect(endpoint)
-
-    def _configure_liveness(self, sock: zmq.Socket) -> None:
-        """ZMTP heartbeats on sockets that receive, TCP keepalive on send-only ones (module docstring)."""
-        if not self._heartbeat_ms:
-            return
-        if self.send_only:
-            seconds = max(1, math.ceil(self._heartbeat_ms / 1000))
-            sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, seconds)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, seconds)
-            sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
-        else:
-            sock.setsockopt(zmq.HEARTBEAT_IVL, self._heartbeat_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * self._heartbeat_ms)
+        configure(sock, address, linger_ms=self._linger_ms, hwm=self._hwm, heartbeat_ms=self._heartbeat_ms,
+                  connect_timeout_ms=self._connect_timeout_ms, send_only=self.send_only, options=self._options)
 
     def _enter_flight(self, sock: zmq.Socket, holder: Any) -> None:
         """Record ``sock`` as leased by ``holder``. Caller holds the lock."""
@@ -671,6 +637,49 @@ class SocketPool:
 
     def __repr__(self) -> str:
         return f"<SocketPool type={self.socket_type} pool_size={self.pool_size} pid={self._pid}>"
+
+
+def configure(sock: zmq.Socket, address: Address, *, linger_ms: int, hwm: int, heartbeat_ms: int,
+              connect_timeout_ms: int, send_only: bool, options: dict[int, Any]) -> None:
+    """Set a new pooled socket's options and connect it to ``address`` (the sync and the asyncio pools'
+    sockets are configured alike: ``zqsync/aio/pool.py``). Times in milliseconds, ``hwm`` in messages."""
+    sock.setsockopt(zmq.LINGER, linger_ms)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    # Queue only to completed connections: a send to a peer that never
+    # answered then waits (bounded by the caller's deadline) instead of
+    # being queued and delivered, stale, much later; and with several
+    # endpoints, messages go only to the ones that are up.
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    endpoints = (address,) if isinstance(address, str) else address
+    if any("://[" in endpoint for endpoint in endpoints):
+        sock.setsockopt(zmq.IPV6, 1)  # only for IPv6 literals: host names keep resolving to IPv4
+    _configure_liveness(sock, heartbeat_ms, send_only)
+    # A connect attempt is abandoned and redialled after connect_timeout
+    # instead of waiting out the kernel's growing SYN retry delay.
+    if connect_timeout_ms:
+        sock.setsockopt(zmq.CONNECT_TIMEOUT, connect_timeout_ms)
+    # The identity names the process, so a peer can count sockets per process.
+    sock.setsockopt(zmq.IDENTITY, f"zq-{os.getpid()}-{secrets.token_hex(4)}".encode())
+    for option, value in options.items():
+        sock.setsockopt(option, value)
+    for endpoint in endpoints:
+        sock.connect(endpoint)
+
+
+def _configure_liveness(sock: zmq.Socket, heartbeat_ms: int, send_only: bool) -> None:
+    """ZMTP heartbeats on sockets that receive, TCP keepalive on send-only ones (module docstring)."""
+    if not heartbeat_ms:
+        return
+    if send_only:
+        seconds = max(1, math.ceil(heartbeat_ms / 1000))
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, seconds)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, seconds)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
+    else:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * heartbeat_ms)
 
 
 def _kill_copied_greenlets(doomed: list[Any]) -> None:
