@@ -32,8 +32,8 @@ def lines(path) -> list[str]:
 
 
 @pytest.fixture
-def fleet(zq_inprocess, pg_url):
-    """``fleet(registry)``: workers A and B on one PostgreSQL journal."""
+def fleet(pg_url, zq_inprocess):
+    """``fleet(registry)``: workers A and B on one PostgreSQL journal (stopped before it is dropped)."""
     def start(registry):
         return [zq_inprocess(registry, journal=pg_url, journal_lease=LEASE) for _ in "AB"]
 
