@@ -114,11 +114,11 @@ def test_a_deleted_hosts_acknowledged_jobs_run_elsewhere_with_postgresql_and_are
     paths = {name: str(tmp_path / name) for name in ("ready", "lost", "out", "record")}
     (tmp_path / "client.json").write_text(json.dumps({
         "gevent": MONKEY_PATCHED, "endpoints": [worker[2] for worker in workers.values()], "delay": DELAY,
-        "ready_each": 15, "after": 1.5, **paths}))
+        "ready_each": 10, "after": 1.0, **paths}))
     client = lab.popen(client_host, [sys.executable, os.path.join(ROOT, "tests/e2e/host_loss_client.py"),
                                      str(tmp_path / "client.json")], log_path=str(tmp_path / "client.log"), cwd=ROOT)
     wait_for(lambda: os.path.exists(paths["ready"]) or client.poll() is not None, timeout=60,
-             what="15 jobs acknowledged by each worker")
+             what="10 jobs acknowledged by each worker")
     lost_at = _delete_host(*(workers["w1"][i] for i in (0, 1, 3)))
     Path(paths["lost"]).touch()
     wait_for(lambda: os.path.exists(paths["out"]) or client.poll() is not None, timeout=60, what="the client's jobs")

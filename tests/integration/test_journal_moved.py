@@ -22,9 +22,9 @@ def lines(path) -> list[str]:
 def test_a_lost_hosts_state_directory_moved_elsewhere_runs_its_acknowledged_jobs_there(zq_worker, tmp_path):
     lost_disk, new_disk, out = tmp_path / "lost-host", tmp_path / "new-host", tmp_path / "out"
     lost = zq_worker(extra_args=["--state-dir", str(lost_disk / "state")])
-    expected = [f"job-{n}" for n in range(100)]
-    with zqsync.Client(lost.endpoint) as client:  # due in 3 s: pending when the host goes
-        ids = [client.enqueue_with_options("record", args=(str(out), line), confirm=True, delay=3.0)
+    expected = [f"job-{n}" for n in range(50)]
+    with zqsync.Client(lost.endpoint) as client:  # due in 2 s: pending when the host goes
+        ids = [client.enqueue_with_options("record", args=(str(out), line), confirm=True, delay=2.0)
                for line in expected]
     lost.kill()  # SIGKILL: nothing is closed or checkpointed
     assert lines(out) == [], "none was due before the loss"
