@@ -5,7 +5,7 @@ with ``delay`` seconds, and keeps ``[id, index of its preferred worker, epoch se
 acknowledged]`` for each acknowledged one. Once at least ``ready_each`` jobs preferring each worker
 are acknowledged it creates the ``ready`` file; once the ``lost`` file exists it sends for ``after``
 seconds more, then writes what was acknowledged to ``out`` (JSON) and exits. Monkey-patched when
-``gevent`` is true.
+``gevent`` is true; ``confirm_retry`` is the client's.
 """
 
 import json
@@ -28,7 +28,7 @@ def main() -> None:
     endpoints = config["endpoints"]
     rpc = [split_endpoint(name)[1] for name in endpoints]
     acked, preferred, until, n = [], [0] * len(endpoints), None, 0
-    with zqsync.Client(endpoints, confirm_retry=0.5, confirm_timeout=30) as client:
+    with zqsync.Client(endpoints, confirm_retry=config["confirm_retry"], confirm_timeout=30) as client:
         while until is None or time.monotonic() < until:
             n += 1
             job_id = f"job-{n}"

@@ -11,7 +11,9 @@ namespace deleted and its disk (state directory, ready file) removed, while the 
   pending included, on ``w2`` or ``w3`` once ``w1``'s lease expires; the takeover time (the loss to
   the last of them run) is printed and bounded by the lease plus the replay interval.
 * **SQLite journal**: the jobs ``w1`` held pending never run (their rows were on its disk): the
-  case asserts that loss, and that it is exactly those, so the suite states the difference.
+  case asserts that loss, and that it is those (the client keeps which worker each id prefers, and
+  a confirm moves to another worker no sooner than ``confirm_retry`` after the loss), so the suite
+  states the difference.
 
 ``ZQSYNC_HOSTLOSS_LEASE`` sets the lease (seconds, default 2; the worker's default is 10).
 Needs root and iproute2 (and PostgreSQL for its case); skipped with the reason otherwise.
@@ -45,6 +47,8 @@ LEASE = float(os.environ.get("ZQSYNC_HOSTLOSS_LEASE", "2"))
 DELAY = 1.0
 #: Seconds between a worker's claims of expired owners' rows (the worker's ``replay_interval``).
 REPLAY = 0.5
+#: The client's ``confirm_retry``: a confirm sent to w1 goes to another worker no sooner after the loss.
+CONFIRM_RETRY = 0.5
 
 
 @pytest.fixture
@@ -114,7 +118,7 @@ def test_a_deleted_hosts_acknowledged_jobs_run_elsewhere_with_postgresql_and_are
     paths = {name: str(tmp_path / name) for name in ("ready", "lost", "out", "record")}
     (tmp_path / "client.json").write_text(json.dumps({
         "gevent": MONKEY_PATCHED, "endpoints": [worker[2] for worker in workers.values()], "delay": DELAY,
-        "ready_each": 10, "after": 1.0, **paths}))
+        "ready_each": 10, "after": 1.0, "confirm_retry": CONFIRM_RETRY, **paths}))
     client = lab.popen(client_host, [sys.executable, os.path.join(ROOT, "tests/e2e/host_loss_client.py"),
                                      str(tmp_path / "client.json")], log_path=str(tmp_path / "client.log"), cwd=ROOT)
     wait_for(lambda: os.path.exists(paths["ready"]) or client.poll() is not None, timeout=60,
@@ -124,22 +128,25 @@ def test_a_deleted_hosts_acknowledged_jobs_run_elsewhere_with_postgresql_and_are
     wait_for(lambda: os.path.exists(paths["out"]) or client.poll() is not None, timeout=60, what="the client's jobs")
     assert client.wait(slack(30)) == 0, (tmp_path / "client.log").read_text()
     acked = json.loads(Path(paths["out"]).read_text())["acked"]
-    # Held by w1 when it went: acknowledged before the loss, preferring w1, not run there.
+    # Maybe acknowledged by w1: preferring it, acknowledged before a failover could have (CONFIRM_RETRY
+    # after the loss). Every other job was acknowledged by w2 or w3, and must run whatever the journal.
     record = Path(paths["record"])
-    held = {job_id for job_id, prefers, at in acked if prefers == 0 and at < lost_at}
-    elsewhere = [job_id for job_id, _, _ in acked if job_id not in held]
-    wait_for(lambda: all(job_id in _runs(record) for job_id in elsewhere), timeout=30,
-             what="the jobs of the surviving workers run")
+    maybe = {job_id for job_id, prefers, at in acked if prefers == 0 and at < lost_at + CONFIRM_RETRY}
+    survivors = [job_id for job_id, _, _ in acked if job_id not in maybe]
+    wait_for(lambda: all(job_id in _runs(record) for job_id in survivors), timeout=30,
+             what="the jobs the surviving workers acknowledged run")
     runs = _runs(record)
-    held -= {job_id for job_id in held if any(host == "w1" for host, _ in runs.get(job_id, ()))}
+    held = {job_id for job_id in maybe if not any(host == "w1" for host, _ in runs.get(job_id, ()))}
     assert len(held) > 0, "w1 held no acknowledged job when it went: the test proves nothing"
     if journal == "sqlite":
-        lost = sorted(job_id for job_id, _, _ in acked if job_id not in runs)
-        print(f"host loss, SQLite: {len(acked)} acknowledged, {len(held)} held by w1, {len(lost)} never ran")
-        assert lost == sorted(held), "exactly the jobs journaled on the deleted host are lost"
+        lost = {job_id for job_id, _, _ in acked if job_id not in runs}
+        print(f"host loss, SQLite: {len(acked)} acknowledged, {len(held)} maybe held by w1, {len(lost)} never ran")
+        assert lost and lost <= held, "only jobs journaled on the deleted host are lost"
+        # All of them but the one confirm in flight at the loss, which went to another worker and ran there.
+        assert len(held - lost) <= 1, sorted(held - lost)
         return
     wait_for(lambda: all(job_id in _runs(record) for job_id in held), timeout=LEASE + REPLAY + 30,
-             what="w1's jobs taken over")
+             what="w1's jobs taken over")  # and those that failed over to w2 or w3
     runs = _runs(record)
     took = max(min(at for _, at in runs[job_id]) for job_id in held) - lost_at
     twice = [job_id for job_id, ran in runs.items() if len(ran) > 1]
