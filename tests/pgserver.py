@@ -6,6 +6,11 @@ PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`
 Debian package), or ``nobody``. :func:`unavailable` says why there is no server to start (the tests
 then skip with that reason). pytest-postgresql was tried first: it runs ``pg_ctl`` as the calling
 user, so it cannot start a server as root, which CI is.
+
+For hosts in network namespaces (``tests/e2e/netns.py``), ``start(host=ADDRESS, prefix=[...])`` runs the
+server inside one (``prefix`` is ``ip netns exec NS``, the user switched there with ``runuser``) listening
+only on that lab address; the test process reaches it through its Unix socket (:attr:`Server.admin_url`),
+which crosses namespaces, and the hosts through :attr:`Server.url`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from tests.helpers import slack
 
@@ -71,23 +76,37 @@ def _free_port() -> int:
 
 
 class Server:
-    """One running server: :attr:`url` is the ``postgres`` maintenance database's URL."""
+    """One running server: :attr:`url` is the ``postgres`` maintenance database's URL over TCP at ``host``,
+    :attr:`admin_url` the same over the server's Unix socket; ``prefix`` runs its commands in a namespace."""
 
-    def __init__(self, directory: str, port: int, user: Optional[str]) -> None:
-        self.directory, self.port, self.user = directory, port, user
+    def __init__(self, directory: str, port: int, user: Optional[str], host: str = "127.0.0.1",
+                 prefix: Sequence[str] = ()) -> None:
+        self.directory, self.port, self.user, self.host, self.prefix = directory, port, user, host, list(prefix)
         self.data = os.path.join(directory, "data")
 
     @property
     def url(self) -> str:
-        return f"postgresql://{USER}@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://{USER}@{self.host}:{self.port}/postgres"
+
+    @property
+    def admin_url(self) -> str:
+        return self.local(self.url)
+
+    def local(self, url: str) -> str:
+        """``url`` (one of this server's databases) over its Unix socket, for the test process's side."""
+        return f"postgresql://{USER}@/{url.rsplit('/', 1)[1]}?host={self.directory}&port={self.port}"
 
     def _run(self, *command: str, **options: Any) -> subprocess.CompletedProcess:
-        return subprocess.run([os.path.join(bindir() or "", command[0]), *command[1:]], user=self.user,
-                              capture_output=True, text=True, timeout=slack(120), **options)
+        program = [os.path.join(bindir() or "", command[0]), *command[1:]]
+        if self.prefix:  # `ip netns exec` needs root: the user is switched inside the namespace
+            argv, user = [*self.prefix, *(["runuser", "-u", self.user, "--"] if self.user else []), *program], None
+        else:
+            argv, user = program, self.user
+        return subprocess.run(argv, user=user, capture_output=True, text=True, timeout=slack(120), **options)
 
     def start(self) -> bool:
         """Start the server; ``False`` if it did not (its port taken meanwhile)."""
-        settings = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.directory} -c max_connections=200"
+        settings = f"-c listen_addresses={self.host} -p {self.port} -k {self.directory} -c max_connections=200"
         done = self._run("pg_ctl", "-D", self.data, "-l", os.path.join(self.directory, "log"), "-w",
                          "-t", str(int(slack(60))), "-o", settings, "start")
         return done.returncode == 0
@@ -104,7 +123,7 @@ class Server:
         import psycopg
 
         name = f"t_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(self.url, autocommit=True) as admin:
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
             admin.execute(f"CREATE DATABASE {name}")
         return self.url.rsplit("/", 1)[0] + f"/{name}"
 
@@ -112,7 +131,7 @@ class Server:
         """Drop the database at ``url`` (its connections closed first)."""
         import psycopg
 
-        with psycopg.connect(self.url, autocommit=True) as admin:
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
 
     def stop(self) -> None:
@@ -127,8 +146,9 @@ class Server:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start() -> Server:
-    """A new server in a fresh directory (see the module docstring).
+def start(host: str = "127.0.0.1", prefix: Sequence[str] = (), clients: Optional[str] = None) -> Server:
+    """A new server in a fresh directory, listening on ``host`` only, its commands run after ``prefix``,
+    trusting loopback and the ``clients`` network (``10.254.7.0/24``) if given (see the module docstring).
 
     :raises RuntimeError: ``initdb`` failed, or the server did not start on any of 5 ports (with its log).
     """
@@ -137,11 +157,14 @@ def start() -> Server:
     if user is not None:
         entry = pwd.getpwnam(user)
         os.chown(directory, entry.pw_uid, entry.pw_gid)
-    server = Server(directory, _free_port(), user)
+    server = Server(directory, _free_port(), user, host, prefix)
     done = server._run("initdb", "-D", server.data, "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8")
     if done.returncode != 0:
         shutil.rmtree(directory, ignore_errors=True)
         raise RuntimeError(f"initdb failed: {done.stderr}")
+    if clients is not None:
+        with open(os.path.join(server.data, "pg_hba.conf"), "a") as hba:
+            hba.write(f"host all {USER} {clients} trust\n")
     for _ in range(5):
         if server.start():
             return server

@@ -5,7 +5,8 @@ confirmed job whose id is derived from the task name and the tick time
 (:meth:`Periodic.job_id`). The job goes to that id's preferred worker, whose
 journal acknowledges a second copy as a duplicate without running it, so
 two beats, or a beat restarted over a tick it had already sent, never run a
-tick twice, as long as they list the same workers and the tick's ``done`` row
+tick twice, as long as they list the same workers (or, with one PostgreSQL
+journal shared by the fleet, any of its workers) and the tick's ``done`` row
 is still journaled (``--keep-done``, one hour by default).
 
 Ticks are wall-clock times in UTC: ``every=N`` ticks at the multiples of

@@ -254,8 +254,9 @@ def _add_beat(commands: Any, common: argparse.ArgumentParser, curve_client: argp
         "beat", parents=[common, curve_client], help="enqueue the periodic tasks of a registry on their schedules",
         description="A scheduler that is only a client: for each tick of every @registry.periodic task it "
         "enqueues a confirmed job whose id is derived from the task name and the tick, so the workers' journals "
-        "run each tick once even with two beats running, or after a restart. Workers need --state-dir; every "
-        "beat must list the same endpoints. Stops on TERM or INT.",
+        "run each tick once even with two beats running, or after a restart. Workers need a journal: with "
+        "--state-dir every beat must list the same endpoints; with one shared --journal postgresql://... any "
+        "workers of the fleet will do. Stops on TERM or INT.",
         epilog=EPILOG,
     )
     beat.add_argument("app", metavar="MODULE[:ATTR]", help="the task module and its Registry (ATTR default: registry)")
