@@ -147,6 +147,7 @@ class AsyncClient:
         confirm: bool = False, congestion: Union[CongestionControl, str, None] = None,
         send_timeout: Optional[float] = None, job_id: Optional[str] = None, delay: Optional[float] = None,
         eta: Optional[datetime.datetime] = None, store_result: bool = False, deadline: Optional[float] = None,
+        expires: Union[float, datetime.datetime, None] = None,
     ) -> AsyncJob:
         """Send a job with per-call options, as :meth:`zqsync.Client.enqueue_with_options` documents them.
 
@@ -162,7 +163,8 @@ class AsyncClient:
         self._check_open()
         frame, job_id, confirm, send_timeout = job_request(task, args, kwargs, confirm=confirm, job_id=job_id,
                                                            delay=delay, eta=eta, store_result=store_result,
-                                                           deadline=deadline, send_timeout=send_timeout)
+                                                           deadline=deadline, send_timeout=send_timeout,
+                                                           expires=expires)
         if confirm:
             await self._confirm(frame, job_id, task, self.settings.confirm_timeout if send_timeout is None
                                 else send_timeout)
