@@ -350,6 +350,11 @@ class SocketPool:
                 raise self._budget_error() from exc
             self._out_of_fds(code)
             raise PoolError(f"no file descriptor left for a new socket ({exc}): {fdlimit.CLIENT_HINT}") from exc
+        return self._counted(sock, address, lambda: self._enter_flight(sock, holder))
+
+    def _counted(self, sock: zmq.Socket, address: Address, record: Callable[[], None]) -> zmq.Socket:
+        """``sock`` configured for ``address`` and counted open, ``record()`` run under the lock; closed
+        again if configuring it fails."""
         try:
             self._configure(sock, address)
         except BaseException:
@@ -358,7 +363,7 @@ class SocketPool:
         with self._lock:
             self._stats["opened"] += 1
             self._live += 1
-            self._enter_flight(sock, holder)
+            record()
         return sock
 
     def open_dedicated(self, address: Address) -> zmq.Socket:
@@ -376,16 +381,7 @@ class SocketPool:
         if self._live >= self.max_sockets:
             raise self._budget_error()
         sock = zmq.Socket(self._context_for_process(), self.socket_type)
-        try:
-            self._configure(sock, address)
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        with self._lock:
-            self._stats["opened"] += 1
-            self._live += 1
-            self._dedicated.add(sock)
-        return sock
+        return self._counted(sock, address, lambda: self._dedicated.add(sock))
 
     def close_dedicated(self, sock: zmq.Socket) -> None:
         """Close a socket of :meth:`open_dedicated` at once (``linger=0``: it only carries requests whose
