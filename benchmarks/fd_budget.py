@@ -115,7 +115,7 @@ CLIENT = textwrap.dedent("""
     gevent.joinall([gevent.spawn(work, index) for index in range(50)], raise_error=True)
     stats = client.stats()
     print(json.dumps({"fds": len(os.listdir("/proc/self/fd")),
-                      "push_open": stats["push"]["open"], "dealer_open": stats["dealer"]["open"]}))
+                      "push_open": stats["jobs"]["open"], "dealer_open": stats["dealer"]["open"]}))
 """)
 
 

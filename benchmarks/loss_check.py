@@ -126,7 +126,7 @@ def run_once(
         "jobs": jobs, "accepted": report["accepted"], "refused": report["refused"], "executed": len(executed),
         "duplicates": len(lines) - len(executed), "lost": report["accepted"] - len(executed),
         "missing": ranges(missing), "close_seconds": report["close_seconds"], "client_seconds": client_seconds,
-        "settled": done, "push": report["stats"]["push"], "warnings": [line for line in client.stderr.splitlines()
+        "settled": done, "job_pool": report["stats"]["jobs"], "warnings": [line for line in client.stderr.splitlines()
                                                                        if "WARNING" in line or "unsent" in line],
     }
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {run}: accepted {result['accepted']} executed {result['executed']} lost {result['lost']} "
               f"refused {result['refused']} duplicates {result['duplicates']} close {close} "
               f"client {result['client_seconds']:.1f} s missing [{result['missing']}] "
-              f"unsent_at_close {result['push'].get('unsent_at_close', '-')} {result['warnings']}", flush=True)
+              f"unsent_at_close {result['job_pool'].get('unsent_at_close', '-')} {result['warnings']}", flush=True)
     return 1 if lost_any else 0
 
 

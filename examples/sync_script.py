@@ -22,7 +22,7 @@ def main(endpoint: str) -> int:
         except zqsync.RemoteError as exc:
             print(f"remote error, as expected: {exc.remote_type}: {exc.remote_message}")
         stats = client.stats()
-        print(f"sockets opened: {stats['push']['opened']} PUSH, {stats['dealer']['opened']} DEALER "
+        print(f"sockets opened: {stats['jobs']['opened']} job DEALER, {stats['dealer']['opened']} call DEALER "
               f"for {stats['enqueued']} jobs and {stats['calls']} calls")
     return 0
 

@@ -728,7 +728,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
               f"p90 {summary['p90'] * 1e3:.2f} ms  p99 {summary['p99'] * 1e3:.2f} ms")
     for index, client in enumerate(stats["clients"]):
         pools = "  ".join(f"{name}: opened {client[name]['opened']} reused {client[name]['reused']}"
-                          for name in ("push", "dealer"))
+                          for name in ("jobs", "dealer"))
         print(f"  client {index} in tasks, to {', '.join(client.get('endpoints', ())) or '(none yet)'}: {pools}")
     return 0
 

@@ -39,7 +39,7 @@ def test_a_child_the_fork_hook_missed_enqueues_through_its_own_socket_not_the_pa
             results = [client.result(job_id, timeout=10.0) for job_id in child["ids"]]
             after = client.enqueue_with_options("echo", args=("parent-after",), store_result=True)
             results.append(client.result(after, timeout=10.0))
-            assert client.stats()["push"]["opened"] == 1, "the parent keeps its one PUSH socket"
+            assert client.stats()["jobs"]["opened"] == 1, "the parent keeps its one job socket"
             return results
 
     assert as_caller(scenario) == ["child-0", "child-1", "child-2", "parent-after"]

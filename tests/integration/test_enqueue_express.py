@@ -82,4 +82,4 @@ def test_express_enqueues_reuse_one_connection_and_every_job_arrives(zq_worker):
         stats = worker.stats()
         assert stats["jobs_received"] == 500
         assert stats["connections_jobs"] == 1
-        assert client.stats()["push"]["opened"] == 1
+        assert client.stats()["jobs"]["opened"] == 1

@@ -146,7 +146,7 @@ CLIENT = textwrap.dedent("""
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("spare", [0, 1], ids=["no-fd-for-the-socket", "no-fd-for-the-connection"])
 @pytest.mark.parametrize(("operation", "pool", "errors"), [("call", "dealer", ("PoolError", "CallTimeout")),
-                                                           ("drop", "push", ("PoolError", None))])
+                                                           ("drop", "jobs", ("PoolError", None))])
 def test_a_client_out_of_fds_logs_an_error_with_the_limit_and_counts_it(zq_worker, tmp_path, spare, operation,
                                                                         pool, errors):
     worker = zq_worker()

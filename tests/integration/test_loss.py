@@ -42,7 +42,7 @@ def test_a_plain_script_under_back_pressure_loses_no_accepted_job_at_close_or_ex
     print(f"\n{exit}: {result}")
     assert result["refused"] == 0
     assert result["lost"] == 0, f"lost {result['lost']} accepted jobs: {result['missing']}"
-    assert result["push"]["unsent_at_close"] == 0
+    assert result["job_pool"]["unsent_at_close"] == 0
 
 
 def test_a_worker_that_stops_reading_for_longer_than_the_heartbeat_keeps_its_connection_and_jobs(zq_worker, tmp_path):
@@ -90,7 +90,7 @@ def test_close_with_a_stalled_worker_waits_out_its_linger_and_reports_what_it_le
             took = time.monotonic() - started
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    unsent = client.stats()["push"]["unsent_at_close"]
+    unsent = client.stats()["jobs"]["unsent_at_close"]
     assert 0.45 <= took < 5.0
     assert 0 < unsent <= 5, unsent  # at most the HWM of the one socket
     assert any("up to" in record.getMessage() and "unsent" in record.getMessage() for record in caplog.records)
@@ -103,7 +103,7 @@ def test_close_to_a_healthy_worker_counts_nothing_unsent(zq_worker, caplog):
         client.enqueue("echo", number)
     with caplog.at_level(logging.WARNING, logger="zqsync.client.pool"):
         client.close(linger=5.0)
-    assert client.stats()["push"]["unsent_at_close"] == 0
+    assert client.stats()["jobs"]["unsent_at_close"] == 0
     assert not [record for record in caplog.records if "unsent" in record.getMessage()]
     wait_for(lambda: worker.stats()["jobs_received"] == 200, what="all 200 jobs")
 
@@ -149,7 +149,7 @@ def test_one_callers_congested_keeps_the_jobs_other_callers_queued_on_the_socket
         wait_for(lambda: executed(target) >= set(accepted), timeout=60,
                  what=f"all {len(accepted)} accepted jobs to run ({refused} refused)")
         assert worker.stats()["disconnections_jobs"] == 0, "a PUSH socket was discarded"
-        assert client.stats()["push"]["kept_after_error"] == refused
+        assert client.stats()["jobs"]["kept_after_error"] == refused
     finally:
         os.kill(worker.pid, signal.SIGCONT)
         client.close()

@@ -102,7 +102,7 @@ def test_job_result_and_cancel_answer_from_the_block_as_a_worker_would(fresh):
         assert (status.state, status.task, status.attempts, status.worker) == ("done", "add", 1, fresh.endpoints[0])
         assert fresh.cancel(confirmed).state == "done"
         assert fresh.job(plain).state == "unknown"  # nobody asked to keep it
-    assert fresh.stats()["push"]["opened"] == 0 and fresh.stats()["dealer"]["opened"] == 0, "no socket opened"
+    assert fresh.stats()["jobs"]["opened"] == 0 and fresh.stats()["dealer"]["opened"] == 0, "no socket opened"
 
 
 def test_the_clients_own_checks_hold_in_eager_mode(fresh):

@@ -117,7 +117,7 @@ class Client:
         self._use(self._base)
         self.congestion = CongestionControl.parse(self.settings.congestion)
         options = curve.client_options() if curve else None
-        self._push = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options, send_only=True)
+        self._jobs = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options, send_only=True)
         self._avoided = notices.Avoided()
         self._dealer = SocketPool(zmq.DEALER, settings=self.settings, peers=len(names), options=options)
         self._waits = waits.Waits(self._dealer)  # result() long-polls, outside the pool's cap (waits.py)
@@ -130,7 +130,7 @@ class Client:
         )
         self._closed = False
         # A client let go without close() still closes its sockets (with their linger) when collected.
-        weakref.finalize(self, _close_pools, self._push, self._dealer, self._waits)
+        weakref.finalize(self, _close_pools, self._jobs, self._dealer, self._waits)
         self._config = (names, self.settings, curve)
         _common.track_client(self)
         self._routed = {
@@ -165,7 +165,7 @@ class Client:
         def stale(address: Any) -> bool:
             return address in old or any(name not in kept for name in discovery.members(address))
 
-        self._push.drain(stale)
+        self._jobs.drain(stale)
         self._dealer.drain(stale)
 
     def route(self, task: str) -> "Client":
@@ -292,32 +292,32 @@ class Client:
         if self._discovery is not None:
             self._rediscover()
         address = self._avoided.address(self.endpoints, self._jobs_address)
-        if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._push, address, frame):
+        if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._jobs, address, frame):
             self._counts["enqueued"] += 1
             return job_id
         timeout = self.settings.send_timeout if send_timeout is None else send_timeout
-        with self._push.lease(address) as sock:
+        with self._jobs.lease(address) as sock:
             self._check_notice(sock)
             sent = CONGESTION.send(
                 sock, frame, self._jobs_address, mode,
                 send_timeout=timeout, wait_before_drop=self.settings.wait_before_drop,
             )
             if sent:
-                self._push.note_sent(sock)
+                self._jobs.note_sent(sock)
             else:
-                self._push.check_fds()  # is the worker congested, or is this process out of descriptors?
+                self._jobs.check_fds()  # is the worker congested, or is this process out of descriptors?
         self._counts["enqueued" if sent else "dropped"] += 1
         return job_id
 
     def _check_notice(self, sock: zmq.Socket) -> None:
         """Every few sends, look for a worker's stopping notice (``notices.py``); on one, discard the socket
         after this send (its queue is flushed within the linger) and leave that worker out for a while."""
-        if self._push.sent_on(sock) % notices.CHECK_EVERY:
+        if self._jobs.sent_on(sock) % notices.CHECK_EVERY:
             return
         endpoint = notices.stopping_endpoint(sock)
         if endpoint is None:
             return
-        self._push.retire(sock)
+        self._jobs.retire(sock)
         named = notices.match(endpoint, self.endpoints)
         log.info("worker %s is stopping: new jobs go to the others", named or endpoint or "?")
         if named is not None:
@@ -513,15 +513,15 @@ class Client:
             "call_errors", "call_timeouts"}``
             as ints, ``"endpoints"``: the workers' base endpoints in use now (a DNS name's
             addresses as last resolved, ``discovery.py``), ``"down"``: those held down now
-            (``health.py``: confirmed jobs skip them until a probe is answered), plus ``"push"`` and
-            ``"dealer"``: each pool's
-            :meth:`SocketPool.stats`; with routes, ``"routes"``:
+            (``health.py``: confirmed jobs skip them until a probe is answered), plus ``"jobs"`` (the job
+            DEALERs; also under ``"push"``, its name until 0.2.0, for one release) and ``"dealer"``
+            (the call DEALERs): each pool's :meth:`SocketPool.stats`; with routes, ``"routes"``:
             ``{"ENDPOINT, ...": that route's stats}``.
         """
         result: dict[str, Any] = dict(self._counts)
         result["endpoints"] = list(self.endpoints)
         result["down"] = [base_of(rpc) for rpc in self._health.endpoints_down() if rpc in self._rpc_endpoints]
-        result["push"] = self._push.stats()
+        result["jobs"] = result["push"] = self._jobs.stats()  # "push": the old name, kept for one release
         result["dealer"] = self._dealer.stats()
         if self._routed:
             result["routes"] = {", ".join(names): routed.stats() for names, routed in self._routed.items()}
@@ -537,7 +537,7 @@ class Client:
         self._closed = True
         for routed in self._routed.values():
             routed.close(linger=linger)
-        _close_pools(self._push, self._dealer, self._waits, linger)
+        _close_pools(self._jobs, self._dealer, self._waits, linger)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -42,7 +42,7 @@ POOL_COUNTERS = ("opened", "reused", "discarded_poisoned", "discarded_full", "wa
                  "stale_replies", "forks_detected", "swept", "fd_exhausted")
 POOL_GAUGES = ("open", "in_flight")
 #: ``Client.stats()`` keys of its two pools, the ``pool`` label's values.
-POOLS = ("push", "dealer")
+POOLS = ("jobs", "dealer")
 #: Worker counter keys mirrored as counters; ``in_flight`` is a gauge.
 #: ``confirmed_refused`` and ``journal_errors`` exist only with a journal (``--state-dir``); 0 otherwise.
 WORKER_COUNTERS = ("jobs_received", "plain_received", "jobs_replayed", "jobs_succeeded", "jobs_failed",
