@@ -39,6 +39,9 @@ def test_a_stopping_worker_loses_no_accepted_job(zq_worker, tmp_path):
               f"killed {killed}, exit {status}")
         assert stream.error is None or "Congested" in type(stream.error).__name__
         assert len(set(ran)) == len(ran)
+        if len(ran) + discarded + killed != stream.accepted:  # say where the jobs were
+            print(f"client stats: {stream.stats}\nworker log:\n" + "\n".join(
+                line for line in worker.output().splitlines() if "zqsync.worker" in line)[-3000:])
         assert len(ran) + discarded + killed == stream.accepted
         assert "told 1 job client(s)" in worker.output()
 

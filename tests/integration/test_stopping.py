@@ -25,8 +25,10 @@ def logged(pattern: str, output: str) -> int:
 
 
 def logged_discards(output: str) -> int:
-    """Jobs the worker's log counts as discarded from its queue (never started)."""
-    return logged(r"discarded (\d+) queued plain jobs on shutdown", output)
+    """Jobs the worker's log counts as discarded on a stop (never started): those still queued, and those
+    the scheduler held waiting for a slot, a retry or a rate limit's turn."""
+    return (logged(r"discarded (\d+) queued plain jobs on shutdown", output)
+            + logged(r"dropped (\d+) pending plain job\(s\) \(waiting for a retry or a rate limit's turn\)", output))
 
 
 def logged_kills(output: str) -> int:
