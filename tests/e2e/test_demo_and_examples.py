@@ -35,7 +35,7 @@ def test_sync_script_runs_without_importing_gevent(zq_worker, root):
                             text=True, timeout=60, env={k: v for k, v in os.environ.items() if k != "ZQSYNC_TEST_MONKEY"})
     assert result.returncode == 0, result.stderr
     assert "add(2, 3) = 5" in result.stdout
-    assert "sockets opened: 1 PUSH, 1 DEALER for 100 jobs and 3 calls" in result.stdout
+    assert "sockets opened: 1 job DEALER, 1 call DEALER for 100 jobs and 3 calls" in result.stdout
 
 
 def test_fork_safety_example_passes_as_a_user_would_run_it(root):
