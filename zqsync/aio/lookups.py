@@ -12,10 +12,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..client.jobs import JobStatus
-from ..client.lookups import LONG_POLL, LONG_POLL_GRACE, UNKNOWN_RETRY, base_of, remote_error_of
+from ..client.lookups import base_of, next_poll, remote_error_of
 from ..client.rendezvous import rank
 from ..errors import CallTimeout, PoolError, WorkerStopping
-from ..wire.endpoints import split_endpoint
 
 if TYPE_CHECKING:
     from .client import AsyncClient
@@ -29,10 +28,9 @@ async def result(client: "AsyncClient", job_id: str, total: float) -> Any:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise CallTimeout("zqsync.result", total, status.worker or list(client.endpoints))
-        wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
-        rpc = split_endpoint(status.worker)[1] if status.worker else rank(job_id, client._rpc_endpoints)[0]
+        rpc, wait, bound = next_poll(status, job_id, client._rpc_endpoints, remaining)
         try:
-            status = await admin(client, "zqsync.result", (job_id, wait), rpc, min(remaining, wait + LONG_POLL_GRACE))
+            status = await admin(client, "zqsync.result", (job_id, wait), rpc, bound)
         except (CallTimeout, PoolError, WorkerStopping):
             status = JobStatus(job_id, "unknown")
         if status.state == "unknown" and deadline > time.monotonic():

@@ -16,7 +16,7 @@ it look for the job again, until the caller's timeout.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from ..errors import CallTimeout, JobNotFound, PoolError, RemoteError, WorkerStopping, remote_error
 from ..wire import envelope
@@ -52,11 +52,9 @@ def result(client: "Client", job_id: str, total: float) -> Any:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise CallTimeout("zqsync.result", total, status.worker or list(client.endpoints))
-        # The worker answers within `wait`, a margin before this call's own deadline.
-        wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
-        rpc = split_endpoint(status.worker)[1] if status.worker else rank(job_id, client._rpc_endpoints)[0]
+        rpc, wait, bound = next_poll(status, job_id, client._rpc_endpoints, remaining)
         try:
-            status = admin(client, "zqsync.result", (job_id, wait), rpc, min(remaining, wait + LONG_POLL_GRACE))
+            status = admin(client, "zqsync.result", (job_id, wait), rpc, bound)
         except (CallTimeout, PoolError, WorkerStopping):
             # Its worker died, restarts or stops: the job runs again (or goes on) wherever the
             # journal puts it, so look for it again until the deadline.
@@ -64,6 +62,16 @@ def result(client: "Client", job_id: str, total: float) -> Any:
         if status.state == "unknown" and deadline > time.monotonic():
             status = locate(client, job_id, min(deadline - time.monotonic(), client.settings.call_timeout))[1]
     return status.value()
+
+
+def next_poll(status: JobStatus, job_id: str, rpcs: Sequence[str], remaining: float) -> tuple[str, float, float]:
+    """The next ``zqsync.result`` long-poll of a wait with ``remaining`` seconds left (shared with the asyncio
+    client): the rpc endpoint to ask (the worker holding the job, else its preferred one), the seconds the
+    worker may wait (a margin before the caller's deadline: :data:`LONG_POLL`, or :data:`UNKNOWN_RETRY`
+    for an id no worker holds yet), and the seconds to wait for its reply."""
+    wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
+    rpc = split_endpoint(status.worker)[1] if status.worker else rank(job_id, rpcs)[0]
+    return rpc, wait, min(remaining, wait + LONG_POLL_GRACE)
 
 
 def locate(client: "Client", job_id: str, timeout: float, *,
