@@ -102,3 +102,28 @@ class JobStream(threading.Thread):
             self.stats = client.stats()  # after close: it counts what the linger left unsent
         except BaseException as exc:  # reported by the test
             self.error = exc
+
+
+def tcp_peer_ports() -> set[int]:
+    """The remote ports of this process's open TCP connections (ESTABLISHED or CLOSE_WAIT), read from
+    ``/proc``: what libzmq's I/O thread still holds, seen from the kernel's side."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as rows:
+                lines = rows.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] in ("01", "08") and fields[9] in inodes:
+                ports.add(int(fields[2].rsplit(":", 1)[1], 16))
+    return ports

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import zqsync
-from tests.helpers import slack, wait_for
+from tests.helpers import slack, tcp_peer_ports, wait_for
 from zqsync.client.rendezvous import rank
 from zqsync.settings import CONFIRM_RETRY, PROBE_TIMEOUT
 from zqsync.wire.endpoints import split_endpoint
@@ -232,7 +232,12 @@ def test_calls_and_plain_jobs_keep_routing_around_a_dead_worker(three, tmp_path)
         wait_for(lambda: answered.add(client.call("whoami")) or answered == {"w0", "w1", "w2"},
                  what="calls to reach every worker (each connection completes in its own time)")
         warm(client, endpoints)
+        # A call sent before libzmq has seen the reset is lost like one in flight at the kill (the
+        # calls' DEALER round-robins over every connection): wait until the client no longer holds one.
+        dead_rpc_port = int(split_endpoint(endpoints[0])[1].rsplit(":", 1)[1])
+        assert dead_rpc_port in tcp_peer_ports(), "the client holds no call connection to w0 before the kill"
         workers["w0"].kill()
+        wait_for(lambda: dead_rpc_port not in tcp_peer_ports(), what="the client's libzmq to drop w0's call connection")
         answers = Counter(client.call("whoami") for _ in range(60))
         lines = [f"plain-{n}" for n in range(60)]
         for line in lines:
