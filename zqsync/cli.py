@@ -261,6 +261,10 @@ def _add_beat(commands: Any, common: argparse.ArgumentParser, curve_client: argp
     )
     beat.add_argument("app", metavar="MODULE[:ATTR]", help="the task module and its Registry (ATTR default: registry)")
     beat.add_argument("endpoints", nargs="+", metavar="ENDPOINT", help="worker base endpoints, tcp://HOST:PORT")
+    beat.add_argument("--schedule-file", default="zqsync-beat-schedule.json", metavar="PATH",
+                      help="where the beat keeps each task's last handled tick, so that after a restart the ticks "
+                           "that passed while no beat ran are counted (ticks_skipped) and logged, like Celery "
+                           "beat's celerybeat-schedule (default: %(default)s; '' for none)")
     beat.set_defaults(handler=cmd_beat)
 
 
@@ -660,7 +664,7 @@ def cmd_beat(args: argparse.Namespace) -> int:
         def enqueue(task: str, task_args: tuple, kwargs: dict, job_id: str) -> None:
             client.enqueue_with_options(task, args=task_args, kwargs=kwargs, confirm=True, job_id=job_id)
 
-        beat = Beat(list(registry.periodic_jobs.values()), enqueue)
+        beat = Beat(list(registry.periodic_jobs.values()), enqueue, schedule_file=args.schedule_file or None)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: beat.stop())
         logging.getLogger(__name__).info("beat: %d periodic task(s) to %s", len(beat.schedules), ", ".join(args.endpoints))
