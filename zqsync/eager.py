@@ -24,8 +24,11 @@ Time in eager mode:
 * a delayed job (``delay=``, ``eta=``) waits on the recorder's clock: it is
   ``scheduled`` until :meth:`EagerRecorder.advance` moves the clock past its
   due time, and can be cancelled meanwhile;
-* time limits hold only for tasks that yield to gevent (a worker also ends
-  tasks that hold the GIL, from its watchdog thread).
+* time limits hold as on a worker, also for code that never yields: a native
+  thread raises ``SoftTimeLimitExceeded`` and the time limit's error into the
+  task (``worker/thread_limits.py``), where a worker's watchdog would signal
+  or end its process. One long C call that holds the GIL is interrupted only
+  when it returns.
 
 A job enqueued inside an open Django transaction (``transaction.atomic()``,
 not the one ``django.test.TestCase`` wraps each test in) warns with
@@ -58,6 +61,7 @@ from .wire import envelope
 from .worker.registry import Registry
 from .worker.runner import Runner, unsendable
 from .worker.status import TERMINAL
+from .worker.thread_limits import ThreadLimits
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +100,7 @@ class EagerRecorder:
     def __init__(self, registry: Registry, *, propagate: bool, in_transaction: str = "warn") -> None:
         if in_transaction not in ("warn", "error", "ignore"):
             raise ValueError(f"in_transaction must be 'warn', 'error' or 'ignore', got {in_transaction!r}")
-        self.runner = Runner(registry)
+        self.runner = Runner(registry, watchdog=ThreadLimits())
         self.propagate = propagate
         self.in_transaction = in_transaction
         self.jobs: list[EagerJob] = []

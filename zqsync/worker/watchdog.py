@@ -173,11 +173,14 @@ class Watchdog:
         self._stop_hard = self._kill_at + HARD_STOP_GRACE
         self._arm(time.monotonic())
 
-    def enter(self, name: str, time_limit: Optional[float], notice: Optional[gevent.Timeout] = None) -> None:
+    def enter(self, name: str, time_limit: Optional[float], notice: Optional[gevent.Timeout] = None,
+              fn: Any = None) -> None:
         """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit).
 
         :param notice: the started ``gevent.Timeout`` of the task's ``soft_time_limit``, whose exception
             the watchdog raises where the task does not yield (``None``: no soft time limit).
+        :param fn: the task function (unused here: the watchdog knows the task by its hub's silence;
+            ``thread_limits.py`` needs it).
         """
         now = time.monotonic()
         soft = math.inf if time_limit is None else now + time_limit
