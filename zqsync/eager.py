@@ -24,6 +24,9 @@ Time in eager mode:
 * a delayed job (``delay=``, ``eta=``) waits on the recorder's clock: it is
   ``scheduled`` until :meth:`EagerRecorder.advance` moves the clock past its
   due time, and can be cancelled meanwhile;
+* a call whose task outlasts the call's timeout raises ``CallTimeout`` once the
+  task has returned (a real caller gives up at its deadline while the worker
+  finishes the task; here the task runs in the caller, so it finishes first);
 * time limits hold as on a worker, also for code that never yields: a native
   thread raises ``SoftTimeLimitExceeded`` and the time limit's error into the
   task (``worker/thread_limits.py``), where a worker's watchdog would signal
@@ -56,7 +59,7 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 from .client.client import Client
 from .client.lookups import remote_error_of
-from .errors import EnqueuedInTransaction, ProtocolError, RemoteError, ZqsyncWarning
+from .errors import CallTimeout, EnqueuedInTransaction, ProtocolError, RemoteError, ZqsyncWarning
 from .wire import envelope
 from .worker.registry import Registry
 from .worker.runner import Runner, unsendable
@@ -288,8 +291,13 @@ def eager(registry: Registry, *, propagate: bool = False, in_transaction: str = 
         if refused is not None:
             raise remote_error_of(envelope.decode_reply(refused))
 
-    def request(self: Client, frame: bytes, *_: Any, **__: Any) -> envelope.Reply:
-        return recorder.request(frame)
+    def request(self: Client, frame: bytes, request_id: str, task: str, timeout: float, *_: Any,
+                **__: Any) -> envelope.Reply:
+        started = time.monotonic()
+        reply = recorder.request(frame)
+        if time.monotonic() - started > timeout:  # a real caller gave up at its deadline; the task ran on
+            raise CallTimeout(task, timeout, list(self.endpoints))
+        return reply
 
     Client._send_job = send_job  # type: ignore[method-assign]
     Client._confirm = confirm  # type: ignore[method-assign]

@@ -175,10 +175,10 @@ def test_time_limits_hold_in_eager_mode_for_code_that_never_yields(fresh):
     with eager(registry):
         started = time.monotonic()
         with pytest.raises(zqsync.TimeLimitExceeded):
-            fresh.call("spin", 5.0)
+            fresh.call_with_options("spin", args=(5.0,), timeout=10.0)
         took = time.monotonic() - started
         with pytest.raises(zqsync.SoftTimeLimitExceeded):
-            fresh.call("spin_and_clean_up", 5.0)
+            fresh.call_with_options("spin_and_clean_up", args=(5.0,), timeout=10.0)
         assert fresh.call("spin", 0.05) == "spun"
         spun_after = time.monotonic()
         while time.monotonic() < spun_after + 0.5:  # past the limit of the call that returned: no late error
@@ -194,7 +194,7 @@ def test_eager_time_limits_stop_the_task_in_the_thread_that_runs_it(fresh):
 
     def in_a_thread():
         try:
-            fresh.call("spin", 5.0)
+            fresh.call_with_options("spin", args=(5.0,), timeout=10.0)
         except zqsync.TimeLimitExceeded as exc:
             outcome.append(type(exc).__name__)
 
@@ -203,3 +203,20 @@ def test_eager_time_limits_stop_the_task_in_the_thread_that_runs_it(fresh):
         thread.start()
         thread.join(timeout=10)
     assert outcome == ["TimeLimitExceeded"] and not thread.is_alive()
+
+
+@registry.task
+def nap(seconds):
+    import time
+
+    time.sleep(seconds)
+    return "rested"
+
+
+def test_a_call_that_outlasts_its_timeout_raises_call_timeout_as_a_real_client_would(fresh):
+    """A real caller gives up at its deadline while the worker finishes the task: the task runs here
+    too (eager mode has no second process to leave it to), and then the caller sees ``CallTimeout``."""
+    with eager(registry):
+        with pytest.raises(zqsync.CallTimeout):
+            fresh.call_with_options("nap", args=(0.3,), timeout=0.1)
+        assert fresh.call_with_options("nap", args=(0.0,), timeout=5.0) == "rested"
