@@ -337,7 +337,8 @@ class Client:
             if attempt <= 0:
                 raise Unconfirmed(job_id, total, reason)
             try:
-                reply = self._request(frame, job_id, task, attempt, address=route.endpoint, send_within=send_within)
+                reply = self._request(frame, job_id, task, attempt, address=route.endpoint, send_within=send_within,
+                                      multiplexed=True)
             except (CallTimeout, PoolError) as exc:
                 reason = f"{route.endpoint}: {exc}"
                 self._counts["confirm_retries"] += 1
@@ -479,8 +480,10 @@ class Client:
             self._rediscover()
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
         if multiplexed:
-            reply = self._waits.request(target, frame, request_id, timeout)
-            if reply is None:
+            reply = self._waits.request(target, frame, request_id, timeout, send_within)
+            if reply is waits.UNSENT:
+                raise health.Unsent(task, timeout, list(self.endpoints))
+            if not isinstance(reply, envelope.Reply):
                 raise CallTimeout(task, timeout, list(self.endpoints))
             return reply
         with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
