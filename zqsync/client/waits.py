@@ -1,4 +1,8 @@
-"""Long-polls that hold no pooled socket: one multiplexed DEALER per owner and worker.
+"""Long-polls and confirms that hold no pooled socket: one multiplexed DEALER per owner and worker.
+
+(Confirmed enqueues use it too, with ``send_within``: 50 greenlets of a hub then have 50 confirms
+in flight, where exclusive leases allowed ``pool_size``; ``docs/design.md`` says why rules 2 and 3
+of the pool need not hold on a channel.)
 
 ``Client.result`` waits on a worker's ``zqsync.result`` for up to ``lookups.LONG_POLL``
 seconds a round. On a pooled socket every waiter held one of the ``pool_size`` sockets its
