@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence
 
+from benchmarks.enqueue_floors import ENCODER, PACKB
 from benchmarks.harness import Row
 
 #: Statuses of a scenario in a suite run.
@@ -86,10 +87,11 @@ COMPARISONS: tuple[Spec, ...] = (
          (_GEVENT_CALLS, "pooled / per-call wall"), inverted=True),
     Spec("pool", "300 greenlets", "300 greenlets: peak sockets", "DEALER per call",
          (_GEVENT_CALLS, "pooled: peak sockets in flight"), (_GEVENT_CALLS, "per-call: peak open sockets")),
-    *(Spec("congestion", "enqueue", f"throughput, BLOCK, {mode} (median burst)", f"{loop}, same encoder",
-           (f"healthy {mode}", "zqsync BLOCK: enqueue throughput"), (f"healthy {mode}", "raw pyzmq PUSH: enqueue throughput"),
-           (f"healthy {mode}", "zqsync BLOCK enqueue rate / "))
-      for mode, loop in (("plain", "raw pyzmq PUSH loop"), ("gevent", "raw zmq.green PUSH loop"))),
+    *(Spec("congestion", "enqueue", f"throughput, BLOCK, {mode} (median burst)", f"{sockets} DEALER loop, {encoder}",
+           (f"healthy {mode}", "zqsync BLOCK: enqueue throughput"), (f"healthy {mode}", f"{floor}: enqueue throughput"),
+           (f"healthy {mode}", f"zqsync BLOCK enqueue rate / {floor} "))
+      for mode, sockets in (("plain", "raw pyzmq"), ("gevent", "raw zmq.green"))
+      for floor, encoder in ((ENCODER, "zqsync's encoder"), (PACKB, "msgpack.packb of the same dict"))),
     *(Spec("rq", topic, f"throughput, {label}", f"RQ on redis-server ({redis})",
            (mode, f"zqsync {kind}: enqueue throughput"), (mode, f"RQ, {redis}: "),
            (mode, f"zqsync {kind} / RQ, {redis} throughput"))
