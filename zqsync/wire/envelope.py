@@ -267,7 +267,9 @@ def _expires_at(request: Request, received: float) -> Optional[float]:
 
 def _check_arguments(args: list[Any], kwargs: Any) -> None:
     check_kwargs(kwargs)
-    check_nesting((args, kwargs))
+    check_nesting(args)
+    if kwargs:
+        check_nesting(kwargs)
 
 
 def encode_result(request_id: str, result: Any, *, max_size: int = MAX_RESULT_SIZE) -> bytes:
@@ -313,7 +315,7 @@ def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
         _check_str(message, "id", MAX_ID)
     if ok is True:
         result = message.get("result")
-        check_nesting((result,))
+        check_nesting(result)
         return Reply(message["id"], True, result, None)
     error = message.get("error")
     if ok is not False or not isinstance(error, dict):

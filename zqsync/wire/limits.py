@@ -11,19 +11,24 @@ decoded (``decode_request``, ``decode_reply``). The limits:
   an array, which the other side cannot decode into a hashable key);
 * at most :data:`MAX_DEPTH` levels: ``args``, ``kwargs`` and a result are at
   level 1, and a value inside a list or map at level ``n`` is at level ``n + 1``,
-  so a container at level ``MAX_DEPTH`` must be empty.
+  so a container at level ``MAX_DEPTH`` must be empty;
+* no msgpack extension types (``ExtType``, ``Timestamp``): msgpack packs them,
+  and the decoding side refuses every extension (``max_ext_len=0``).
 
 Speed: the walk visits containers only. The types of a container's children
-are tested at C speed (``frozenset.issuperset(map(type, children))``); only a
-container that holds another container has its children looped over in Python,
-to find those. Flat arguments (scalars, and lists or maps of scalars) cost a
-few C-level passes.
+(and of a map's keys) are tested at C speed
+(``frozenset.issuperset(map(type, children))``); only a container that holds
+something else than exact scalars has its children looped over in Python, to
+find the containers among them. Flat arguments (scalars, and lists or maps of
+scalars) cost a few C-level passes and no Python loop.
 """
 
 from __future__ import annotations
 
 import reprlib
 from typing import Any, Iterable
+
+import msgpack
 
 from ..errors import ProtocolError
 
@@ -36,6 +41,8 @@ KEY_TYPES = (str, bytes, int, float, bool, type(None))
 SCALAR_TYPES = frozenset(KEY_TYPES)
 #: Types the walk descends into (msgpack packs their subclasses as arrays and maps too).
 CONTAINER_TYPES = (list, tuple, dict)
+#: msgpack's extension types, which it packs natively (``ExtType`` is a tuple subclass).
+EXTENSION_TYPES = (msgpack.ExtType, msgpack.Timestamp)
 _STR = frozenset({str})
 
 
@@ -49,29 +56,49 @@ def check_kwargs(kwargs: Any) -> None:
             raise ProtocolError(f"field 'kwargs' must be a map with str keys, got key {short(bad[0])}")
 
 
-def check_nesting(roots: Iterable[Any]) -> None:
-    """Refuse values that break a limit of the module docstring; each of ``roots`` is at level 1.
+def check_nesting(value: Any) -> None:
+    """Refuse a ``value`` (at level 1) that breaks a limit of the module docstring.
 
-    Iterative (no recursion to exhaust). Values of other types are left to msgpack,
-    which packs what it can and raises ``TypeError`` on the rest.
+    Recursive only where containers nest, and never deeper than :data:`MAX_DEPTH`
+    calls. Values of other types are left to msgpack, which packs what it can and
+    raises ``TypeError`` on the rest, except msgpack's extension types
+    (``ExtType``, ``Timestamp``), refused here: the decoding side refuses every
+    extension (``max_ext_len=0``).
 
-    :raises ProtocolError: naming the limit (``MAX_ITEMS``, ``MAX_DEPTH``) or the bad map key.
+    :raises ProtocolError: naming the limit (``MAX_ITEMS``, ``MAX_DEPTH``), the bad map key or extension.
     """
-    stack = [(root, 1) for root in roots if isinstance(root, CONTAINER_TYPES)]
-    while stack:
-        item, depth = stack.pop()
-        if len(item) > MAX_ITEMS:
-            raise ProtocolError(f"a list or map of {len(item)} elements is over the limit of {MAX_ITEMS} (MAX_ITEMS)")
-        children: Iterable[Any] = item
-        if isinstance(item, dict):
-            if not SCALAR_TYPES.issuperset(map(type, item)):
-                _check_keys(item)
-            children = item.values()
-        if not item or (depth < MAX_DEPTH and SCALAR_TYPES.issuperset(map(type, children))):
+    if type(value) in SCALAR_TYPES:
+        return
+    if isinstance(value, EXTENSION_TYPES):
+        _refuse_extension(value)
+    if isinstance(value, CONTAINER_TYPES):
+        _check_container(value, 1)
+
+
+def _check_container(item: Any, depth: int) -> None:
+    if len(item) > MAX_ITEMS:
+        raise ProtocolError(f"a list or map of {len(item)} elements is over the limit of {MAX_ITEMS} (MAX_ITEMS)")
+    children: Iterable[Any] = item
+    if isinstance(item, dict):
+        if not SCALAR_TYPES.issuperset(map(type, item)):
+            _check_keys(item)
+        children = item.values()
+    if not item or (depth < MAX_DEPTH and SCALAR_TYPES.issuperset(map(type, children))):
+        return  # the common case: nothing inside but scalars, tested in C
+    if depth >= MAX_DEPTH:
+        raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels (MAX_DEPTH)")
+    for child in children:
+        if type(child) in SCALAR_TYPES:
             continue
-        if depth >= MAX_DEPTH:
-            raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels (MAX_DEPTH)")
-        stack.extend([(child, depth + 1) for child in children if isinstance(child, CONTAINER_TYPES)])
+        if isinstance(child, EXTENSION_TYPES):  # before the containers: an ExtType is a tuple
+            _refuse_extension(child)
+        if isinstance(child, CONTAINER_TYPES):
+            _check_container(child, depth + 1)
+
+
+def _refuse_extension(value: Any) -> None:
+    raise ProtocolError(f"{type(value).__name__} {short(value)} is a msgpack extension: the other side refuses "
+                        "every extension type")
 
 
 def _check_keys(item: dict[Any, Any]) -> None:
