@@ -98,9 +98,11 @@ COMPARISONS: tuple[Spec, ...] = (
       for topic, kind, redis in (("enqueue", "enqueue", "no persistence"), ("confirmed enqueue", "confirmed", "AOF everysec"))
       for mode, label in (("sequential", "sequential"), ("greenlets", "concurrent greenlets"))),
     *(Spec("endtoend", "plain jobs end to end", f"enqueued and executed by one worker process, {mode} client",
-           "dramatiq on redis-server, 1 process x 8 threads",
-           (mode, "zqsync: jobs end to end"), (mode, "dramatiq, "), (mode, "zqsync / dramatiq jobs end to end"))
-      for mode in ("plain", "gevent")),
+           f"{peer} on redis-server{workers}",
+           (mode, "zqsync: jobs end to end"), (mode, f"{peer}, "), (mode, f"zqsync / {peer} jobs end to end"))
+      for mode in ("plain", "gevent")
+      for peer, workers in (("dramatiq", ", 1 process x 8 threads"), ("Celery -P gevent", ", 1 process x 8 greenlets"),
+                            ("huey", ", 1 process x 8 threads"))),
     Spec("congestion", "DROP, stalled worker", "early drop, enqueue throughput", "DROP without early drop",
          ("stalled", "a. DROP, early drop: enqueue throughput"), ("stalled", "b. DROP, no early drop: enqueue throughput"),
          ("stalled", "a / b throughput")),
