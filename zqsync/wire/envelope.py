@@ -227,11 +227,12 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
     _check_arguments(args, kwargs)
     deadline, sent = message.get("deadline"), message.get("sent")
+    expires = None
     if deadline is not None or sent is not None:
         deadline, sent = _check_seconds("deadline", deadline), _check_seconds("sent", sent)
-    request = Request(message["id"], kind, task, args, kwargs, _check_options(message.get("opts", {})),
-                      deadline, sent)
-    return request._replace(expires=_expires_at(request, time.monotonic()))
+        expires = _expires_at(deadline, sent, time.monotonic())
+    options = _check_options(message["opts"]) if "opts" in message else {}
+    return Request(message["id"], kind, task, args, kwargs, options, deadline, sent, expires)
 
 
 def _check_options(options: Any) -> dict[str, Any]:
@@ -251,24 +252,23 @@ def _check_seconds(field: str, value: Any) -> float:
     return float(value)
 
 
-def _expires_at(request: Request, received: float) -> Optional[float]:
-    """The decoding side's monotonic time after which ``request`` must not start; ``None``: no deadline.
+def _expires_at(deadline: float, sent: float, received: float) -> float:
+    """The decoding side's monotonic time after which a request must not start.
 
+    :param deadline: the request's budget, seconds; ``sent``: the sender's wall-clock time (Unix seconds).
     :param received: the worker's ``time.monotonic()`` when it read the request.
     :returns: the earlier of ``received + deadline`` (immune to clock differences between
         hosts) and the wall-clock bound ``sent + deadline + CLOCK_SKEW`` moved onto the
         monotonic clock (catches a request that waited in a stopped worker's buffers).
     """
-    if request.deadline is None or request.sent is None:
-        return None
-    by_wall = request.sent + request.deadline + CLOCK_SKEW - time.time()
-    return received + min(request.deadline, by_wall)
+    by_wall = sent + deadline + CLOCK_SKEW - time.time()
+    return received + min(deadline, by_wall)
 
 
 def _check_arguments(args: list[Any], kwargs: Any) -> None:
-    check_kwargs(kwargs)
     check_nesting(args)
-    if kwargs:
+    if kwargs or type(kwargs) is not dict:  # an empty dict: nothing to check
+        check_kwargs(kwargs)
         check_nesting(kwargs)
 
 
