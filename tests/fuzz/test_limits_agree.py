@@ -105,7 +105,7 @@ def nested(draw: Any) -> Any:
     return value
 
 
-@settings(max_examples=300, deadline=datetime.timedelta(seconds=slack(2.0)),
+@settings(max_examples=150, deadline=datetime.timedelta(seconds=slack(2.0)),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(nested() | leaves.map(lambda leaf: [leaf, {"a": [leaf]}]))
 def test_the_client_refuses_what_the_worker_refuses_and_what_the_limits_say(value):
