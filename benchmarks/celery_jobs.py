@@ -40,4 +40,5 @@ def make_app(url: str) -> Celery:
     return app
 
 
-app = make_app(os.environ.get(REDIS_URL_VARIABLE, "redis://127.0.0.1:6379/0"))
+if os.environ.get(REDIS_URL_VARIABLE):  # the worker's import: the app ``celery -A`` finds (the sender makes its own)
+    app = make_app(os.environ[REDIS_URL_VARIABLE])

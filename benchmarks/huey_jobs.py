@@ -32,4 +32,5 @@ def make_huey(url: str) -> tuple[RedisHuey, Any]:
     return queue, echo
 
 
-huey, echo = make_huey(os.environ.get(REDIS_URL_VARIABLE, "redis://127.0.0.1:6379/0"))
+if os.environ.get(REDIS_URL_VARIABLE):  # the consumer's import: the instance it is named by (the sender makes its own)
+    huey, echo = make_huey(os.environ[REDIS_URL_VARIABLE])
