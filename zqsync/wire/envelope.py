@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import _thread
 import math
-import reprlib
 import sys
 import time
 from typing import Any, NamedTuple, Optional
@@ -66,6 +65,9 @@ from typing import Any, NamedTuple, Optional
 import msgpack
 
 from ..errors import ProtocolError
+from .limits import MAX_DEPTH as MAX_DEPTH  # the limits are part of the envelope's contract
+from .limits import MAX_ITEMS, check_kwargs, check_nesting
+from .limits import short as _short
 
 VERSION = 1
 KINDS = ("job", "call", "confirm")
@@ -76,9 +78,6 @@ MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 MAX_RESULT_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
 MAX_TASK_NAME = 200
 MAX_ID = 64
-#: Most elements of one msgpack array or map, and deepest nesting of arguments and results.
-MAX_ITEMS = 1_000_000
-MAX_DEPTH = 100
 #: Seconds the wall clocks of a client's and a worker's hosts may disagree before a request
 #: that carries a deadline is refused early (or run late) because of it.
 CLOCK_SKEW = 1.0
@@ -160,19 +159,6 @@ def _unpack(data: bytes, max_size: int) -> dict[str, Any]:
     return message
 
 
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 60, 60
-
-
-def _short(value: Any) -> str:
-    """A bounded repr for error messages: never deep, never long, whatever a peer sent."""
-    return _REPR.repr(value)
-
-
-#: Types a map key may have: msgpack decodes them to hashable values.
-KEY_TYPES = (str, bytes, int, float, bool, type(None))
-
-
 def _check_str(message: dict[str, Any], field: str, limit: int) -> str:
     return _check_text(field, message.get(field), limit)
 
@@ -241,11 +227,12 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
     _check_arguments(args, kwargs)
     deadline, sent = message.get("deadline"), message.get("sent")
+    expires = None
     if deadline is not None or sent is not None:
         deadline, sent = _check_seconds("deadline", deadline), _check_seconds("sent", sent)
-    request = Request(message["id"], kind, task, args, kwargs, _check_options(message.get("opts", {})),
-                      deadline, sent)
-    return request._replace(expires=_expires_at(request, time.monotonic()))
+        expires = _expires_at(deadline, sent, time.monotonic())
+    options = _check_options(message["opts"]) if "opts" in message else {}
+    return Request(message["id"], kind, task, args, kwargs, options, deadline, sent, expires)
 
 
 def _check_options(options: Any) -> dict[str, Any]:
@@ -265,60 +252,24 @@ def _check_seconds(field: str, value: Any) -> float:
     return float(value)
 
 
-def _expires_at(request: Request, received: float) -> Optional[float]:
-    """The decoding side's monotonic time after which ``request`` must not start; ``None``: no deadline.
+def _expires_at(deadline: float, sent: float, received: float) -> float:
+    """The decoding side's monotonic time after which a request must not start.
 
+    :param deadline: the request's budget, seconds; ``sent``: the sender's wall-clock time (Unix seconds).
     :param received: the worker's ``time.monotonic()`` when it read the request.
     :returns: the earlier of ``received + deadline`` (immune to clock differences between
         hosts) and the wall-clock bound ``sent + deadline + CLOCK_SKEW`` moved onto the
         monotonic clock (catches a request that waited in a stopped worker's buffers).
     """
-    if request.deadline is None or request.sent is None:
-        return None
-    by_wall = request.sent + request.deadline + CLOCK_SKEW - time.time()
-    return received + min(request.deadline, by_wall)
+    by_wall = sent + deadline + CLOCK_SKEW - time.time()
+    return received + min(deadline, by_wall)
 
 
 def _check_arguments(args: list[Any], kwargs: Any) -> None:
-    if not isinstance(kwargs, dict):
-        raise ProtocolError(f"field 'kwargs' must be a map with str keys, got {type(kwargs).__name__}")
-    bad = [key for key in kwargs if not isinstance(key, str)]
-    if bad:
-        raise ProtocolError(f"field 'kwargs' must be a map with str keys, got key {_short(bad[0])}")
-    if len(args) <= MAX_ITEMS and len(kwargs) <= MAX_ITEMS and _all_scalar(args) and _all_scalar(kwargs.values()):
-        return  # the common case: flat arguments, nothing to walk
-    _check_value(args)
-    _check_value(kwargs)
-
-
-#: Types of values with nothing inside them to check (exact types: a subclass takes the full walk).
-SCALAR_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
-
-
-def _all_scalar(values: Any) -> bool:
-    return all(type(value) in SCALAR_TYPES for value in values)
-
-
-def _check_value(value: Any) -> None:
-    """Refuse nesting deeper than MAX_DEPTH, lists or maps over MAX_ITEMS, and map keys
-    that are not scalars (iteratively: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels (MAX_DEPTH)")
-        if isinstance(item, (list, tuple, dict)) and len(item) > MAX_ITEMS:
-            raise ProtocolError(f"a list or map of {len(item)} elements is over the limit of {MAX_ITEMS} (MAX_ITEMS)")
-        if isinstance(item, (list, tuple)):
-            stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, KEY_TYPES):
-                    raise ProtocolError(
-                        f"map key {_short(key)} is a {type(key).__name__}: keys must be str, bytes, int, float, "
-                        "bool or None"
-                    )
-                stack.append((child, depth + 1))
+    check_nesting(args)
+    if kwargs or type(kwargs) is not dict:  # an empty dict: nothing to check
+        check_kwargs(kwargs)
+        check_nesting(kwargs)
 
 
 def encode_result(request_id: str, result: Any, *, max_size: int = MAX_RESULT_SIZE) -> bytes:
@@ -364,9 +315,7 @@ def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
         _check_str(message, "id", MAX_ID)
     if ok is True:
         result = message.get("result")
-        if not (type(result) in SCALAR_TYPES or (type(result) is dict and _all_scalar(result) and _all_scalar(
-                result.values()))):  # the common cases (a value, a flat map such as an acknowledgement): no walk
-            _check_value(result)
+        check_nesting(result)
         return Reply(message["id"], True, result, None)
     error = message.get("error")
     if ok is not False or not isinstance(error, dict):
