@@ -48,3 +48,7 @@ def hold(value, started, gate):
         gevent.sleep(0.02)
     _completed(f"hold {value}")
     return value
+
+
+#: ``hold`` under a second name, which a test routes to another worker.
+registry.add(hold.task.fn, name="hold_b")
