@@ -90,7 +90,9 @@ class Chain:
 
         :param client: the client to send through (default: the first signature's, else the default client).
         :returns: the :class:`CanvasHandle` of the chain (``result()`` is the last step's result).
-        :raises Unconfirmed, RemoteError, ProtocolError: as ``enqueue_with_options(confirm=True)``: nothing ran.
+        :raises Unconfirmed: no worker acknowledged the first step: nothing runs.
+        :raises RemoteError: a worker refused it (``UnknownTask``, ``NoJournal``, ``JournalUnavailable``).
+        :raises ProtocolError: a step's arguments break the wire's limits; nothing is sent.
         """
         client = _client(client, self.signatures)
         ids = [_new_id() for _ in self.signatures]
@@ -108,7 +110,9 @@ class Group:
     def enqueue(self, client: Optional["Client"] = None) -> "CanvasHandle":
         """Send every member, confirmed, one after the other; blocks until each is journaled.
 
-        :raises Unconfirmed, RemoteError, ProtocolError: a member was not accepted; those sent before it run.
+        :raises Unconfirmed: a member was not acknowledged; those sent before it run.
+        :raises RemoteError: a worker refused a member (as :meth:`Chain.enqueue`); those sent before it run.
+        :raises ProtocolError: a member's arguments break the wire's limits.
         """
         client = _client(client, self.signatures)
         ids = tuple(_new_id() for _ in self.signatures)
@@ -130,8 +134,10 @@ class Chord:
     def enqueue(self, client: Optional["Client"] = None) -> "CanvasHandle":
         """Send every member, confirmed, each carrying the callback; blocks until each is journaled.
 
-        :raises Unconfirmed, RemoteError, ProtocolError: a member was not accepted; those sent before it
-            run, and the callback never does (it waits for every member).
+        :raises Unconfirmed: a member was not acknowledged: those sent before it run, and the callback
+            never does (it waits for every member).
+        :raises RemoteError: a worker refused a member (as :meth:`Chain.enqueue`), with the same effect.
+        :raises ProtocolError: a member's arguments break the wire's limits.
         """
         client = _client(client, (*self.header.signatures, self.callback))
         members = [_new_id() for _ in self.header.signatures]

@@ -1,9 +1,12 @@
 """Canvas semantics (issue 26, item 1) on the in-process worker core with a SQLite journal: chains pass
 each result on, groups gather, chords call back once; a failed step stops its chain, a failed member
 stops or is passed to its chord's callback, a cancel stops what has not finished. Kills and restarts
-are in ``tests/e2e/test_canvas_kill.py``; two workers on PostgreSQL in ``test_canvas_pg.py``."""
+are in ``test_canvas_kill.py`` (a real worker process); two workers on PostgreSQL in ``test_canvas_pg.py``."""
 
 from __future__ import annotations
+
+import os
+import runpy
 
 import pytest
 
@@ -95,3 +98,15 @@ def test_a_task_handle_makes_signatures_and_a_bad_canvas_is_refused_before_sendi
         zqsync.chain()
     with pytest.raises(zqsync.ConfigurationError):
         zqsync.chord(zqsync.group(add.s(1, 1)), total.s(), errors="ignore")
+
+
+def test_the_docs_canvas_example_runs_and_prints_what_the_guide_says(zq_inprocess, root, tmp_path, capsys):
+    example = runpy.run_path(os.path.join(root, "examples", "canvas.py"))
+    worker = zq_inprocess(example["registry"], state_dir=str(tmp_path / "state"))
+    assert example["main"](worker.endpoint) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["chain: 5", "group: [['page', '1'], ['page', '2'], ['page', '3']]", "chord: 12 words in all",
+                       "stopped: failed ValueError cannot parse 'page 1 word '"]
+    with open(os.path.join(root, "docs", "guides", "canvas.md")) as page:
+        guide = page.read()
+    assert '--8<-- "examples/canvas.py"' in guide and all(line in guide for line in printed)

@@ -9,7 +9,7 @@ import pytest
 import zqsync
 from tests.helpers import slack, wait_for
 from tests.integration import canvas_tasks
-from tests.integration.canvas_tasks import add, hold, total
+from tests.integration.canvas_tasks import add, total
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -288,7 +288,8 @@ class Client:
         """Send a confirmed job's ``frame`` (:func:`job_request`) until a worker acknowledges it
         (``enqueue_with_options(confirm=True)``; ``zqsync.canvas`` sends its steps so, through :meth:`route`).
 
-        :raises Unconfirmed, RemoteError: as :meth:`enqueue_with_options`.
+        :raises Unconfirmed: no worker acknowledged it in time.
+        :raises RemoteError: a worker refused it (as :meth:`enqueue_with_options` says).
         """
         total = self.settings.confirm_timeout if send_timeout is None else send_timeout
         self._confirm(frame, job_id, task, total)
