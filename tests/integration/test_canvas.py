@@ -110,3 +110,15 @@ def test_the_docs_canvas_example_runs_and_prints_what_the_guide_says(zq_inproces
     with open(os.path.join(root, "docs", "guides", "canvas.md")) as page:
         guide = page.read()
     assert '--8<-- "examples/canvas.py"' in guide and all(line in guide for line in printed)
+
+
+def test_a_worker_refuses_a_confirmed_job_whose_canvas_option_is_malformed(client):
+    from zqsync.client.client import job_request
+
+    frame, job_id, _, _ = job_request("add", (1, 2), {}, confirm=True, job_id=None, delay=None, eta=None,
+                                      store_result=False, deadline=None, send_timeout=None,
+                                      canvas={"rest": [["next-id", "add"]]})
+    with pytest.raises(zqsync.RemoteError, match="not \\[id, task, args, kwargs\\]") as raised:
+        client.send_confirmed(frame, job_id, "add")
+    assert raised.value.remote_type == "ProtocolError"
+    assert client.job(job_id).state == "unknown"  # never journaled
