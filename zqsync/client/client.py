@@ -280,12 +280,21 @@ class Client:
                                                            expires=expires, deadline=deadline,
                                                            send_timeout=send_timeout)
         if confirm:
-            total = self.settings.confirm_timeout if send_timeout is None else send_timeout
-            self._confirm(frame, job_id, task, total)
-            self._counts["confirmed"] += 1
-            return Job(job_id, self)
+            return self.send_confirmed(frame, job_id, task, send_timeout)
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
         return Job(self._send_job(frame, job_id, mode, send_timeout), self)
+
+    def send_confirmed(self, frame: bytes, job_id: str, task: str, send_timeout: Optional[float] = None) -> Job[Any]:
+        """Send a confirmed job's ``frame`` (:func:`job_request`) until a worker acknowledges it
+        (``enqueue_with_options(confirm=True)``; ``zqsync.canvas`` sends its steps so, through :meth:`route`).
+
+        :raises Unconfirmed: no worker acknowledged it in time.
+        :raises RemoteError: a worker refused it (as :meth:`enqueue_with_options` says).
+        """
+        total = self.settings.confirm_timeout if send_timeout is None else send_timeout
+        self._confirm(frame, job_id, task, total)
+        self._counts["confirmed"] += 1
+        return Job(job_id, self)
 
     def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
@@ -603,9 +612,11 @@ def _due(delay: Optional[float], eta: Optional[datetime.datetime]) -> Optional[f
 def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, Any]], *, confirm: bool,
                 job_id: Optional[str], delay: Optional[float], eta: Optional[datetime.datetime], store_result: bool,
                 deadline: Optional[float], send_timeout: Optional[float],
-                expires: Union[float, datetime.datetime, None] = None) -> tuple[bytes, str, bool, Optional[float]]:
+                expires: Union[float, datetime.datetime, None] = None,
+                canvas: Optional[dict[str, Any]] = None) -> tuple[bytes, str, bool, Optional[float]]:
     """A job's frame from ``enqueue_with_options``' arguments (checked as it documents), with its id, whether it
-    is confirmed (a delayed job is) and its checked ``send_timeout``; shared by the asyncio client."""
+    is confirmed (a delayed job is) and its checked ``send_timeout``; shared by the asyncio client. ``canvas``:
+    a confirmed job's successors (``zqsync/worker/canvas.py``)."""
     job_id = os.urandom(16).hex() if job_id is None else job_id
     options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
     due = _due(delay, eta)
@@ -615,6 +626,8 @@ def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, An
     budget = expiry(expires, deadline)
     if budget is not None and confirm:
         options["expires"], budget = time.time() + budget, None  # journaled: it outlives processes
+    if canvas and confirm:
+        options["canvas"] = canvas
     frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
                                     options=options, deadline=budget)
     if send_timeout is not None:

@@ -4,13 +4,14 @@ Request (client to worker; a DEALER frame, job or call, that a ROUTER
 receives as ``[identity, body]``)::
 
     {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map,
-     "opts": {"due": float, "store": bool, "expires": float}, "deadline": float, "sent": float}
+     "opts": {"due": float, "store": bool, "expires": float, "canvas": map}, "deadline": float, "sent": float}
 
 ``opts`` is optional and sent only when set: ``due`` (epoch seconds, UTC) is
 when a confirmed job may run at the earliest (a delayed job); ``store`` asks
 the worker to keep a plain job's status and result for ``zqsync.job``;
 ``expires`` (epoch seconds) is when a confirmed job that has not started is
-no longer run (it is journaled with it; a plain job's expiry is its ``deadline``).
+no longer run (it is journaled with it; a plain job's expiry is its ``deadline``); ``canvas`` (a map)
+names the confirmed job's successors in a chain or chord (``zqsync/worker/canvas.py``).
 
 ``deadline`` and ``sent`` are optional and go together (a request without
 them never expires, as before): ``deadline`` is the budget in seconds the
@@ -102,7 +103,7 @@ class Request(NamedTuple):
 
 
 #: Request options and their types (``opts`` on the wire).
-OPTIONS: dict[str, tuple[type, ...]] = {"due": (int, float), "store": (bool,), "expires": (int, float)}
+OPTIONS: dict[str, tuple[type, ...]] = {"due": (int, float), "store": (bool,), "expires": (int, float), "canvas": (dict,)}
 
 
 class Reply(NamedTuple):
@@ -242,7 +243,7 @@ def _check_options(options: Any) -> dict[str, Any]:
         kinds = OPTIONS.get(key)
         if kinds is None or not isinstance(value, kinds) or (kinds != (bool,) and isinstance(value, bool)):
             raise ProtocolError(f"option {_short(key)} is unknown or has a bad value {_short(value)} "
-                                f"(known: due and expires: epoch seconds, store: bool)")
+                                f"(known: due and expires: epoch seconds, store: bool, canvas: map)")
     return dict(options)
 
 

@@ -19,6 +19,7 @@ import gevent.pool
 import gevent.queue
 
 from ..wire import envelope
+from .canvas import check_spec
 from .group_commit import GroupCommit
 from .jobs import Confirm, Job
 from .journal_api import NewJob
@@ -59,9 +60,12 @@ class Confirming:
         if refusal:  # fail fast until the write loop finds the journal writable
             answer(self._refuse(request, refusal))
             return
-        expires = request.options.get("expires")
-        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs,
-                                       options={} if expires is None else {"expires": expires})
+        kept = {key: request.options[key] for key in ("expires", "canvas") if key in request.options}
+        wrong = check_spec(kept["canvas"]) if "canvas" in kept else None
+        if wrong:
+            answer(envelope.encode_error(request.id, "ProtocolError", f"job {request.id}: {wrong}"))
+            return
+        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs, options=kept)
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         now = time.time()
         due = due if due > now else 0.0

@@ -30,6 +30,7 @@ else:  # Python 3.9
     from typing_extensions import ParamSpec
 
 if TYPE_CHECKING:
+    from ..canvas import Signature
     from ..client.client import Client
     from ..client.jobs import Job
     from .registry import Task
@@ -81,6 +82,13 @@ class TaskHandle(Generic[P, R]):
         """:meth:`Client.enqueue_with_options <zqsync.Client.enqueue_with_options>` of this task
         (``confirm=``, ``delay=``, ``job_id=``, ...). ``args`` and ``kwargs`` are not type-checked here."""
         return self._sender().enqueue_with_options(self.name, args=args, kwargs=kwargs, **options)
+
+    def s(self, *args: Any, **kwargs: Any) -> "Signature":
+        """A :class:`~zqsync.canvas.Signature` of this task with these arguments, for ``zqsync.chain``,
+        ``zqsync.group`` and ``zqsync.chord`` (sent through this handle's client unless told otherwise)."""
+        from ..canvas import Signature
+
+        return Signature(self.name, args, dict(kwargs), self._client)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """:meth:`Client.call <zqsync.Client.call>` of this task: blocks for its result.

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from .._common import native_lock
 from ..errors import ConfigurationError
-from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, JournalBackend, NewJob, Outcome, Row, Start
+from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, Join, JournalBackend, NewJob, Outcome, Row, Start, joined
 
 __all__ = ["ALONE", "CANCELLED", "DIED", "SHARED", "Claim", "Journal", "JournalGone", "NewJob", "Outcome", "Row",
            "SqliteJournal", "Start", "journal_path", "recover"]
@@ -254,6 +254,8 @@ class SqliteJournal(JournalBackend):
         """
         now = time.time()
         new = [NewJob(*job) for job in jobs]
+        outcomes = list(outcomes)
+        joins = sorted({o.join.key: o.join for o in outcomes if o.join is not None}.items())
 
         def apply(db: sqlite3.Connection) -> tuple[list[Optional[str]], set[str]]:
             # Outcomes first: a retry's start may share the transaction with the outcome of the attempt before.
@@ -265,12 +267,23 @@ class SqliteJournal(JournalBackend):
             refused = {start.id for start in starts if not db.execute(
                 "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?, started_at = ?"
                 " WHERE id = ? AND state = 'pending'", (start.running, start.retry_at, now, now, start.id)).rowcount}
+            for _, join in joins:  # one writer at a time (BEGIN IMMEDIATE): the lock on its key
+                self._join(db, join, now)
             fresh = [self._insert(db, job, now) for job in new]
             if new:
                 self.check_file()
             return fresh, refused
 
         return self._transaction(apply)
+
+    @staticmethod
+    def _join(db: sqlite3.Connection, join: Join, now: float) -> None:
+        marks = ",".join("?" for _ in join.members)
+        job = joined(join, db.execute(f"SELECT id, state, result, error FROM jobs WHERE id IN ({marks})", join.members))
+        if job is not None:
+            db.execute("INSERT OR IGNORE INTO jobs (id, task, body, state, owner, retries, created_at, updated_at,"
+                       " next_at) VALUES (?, ?, ?, 'pending', NULL, ?, ?, ?, 0)",
+                       (job.id, job.task, job.body, job.retries, now, now))
 
     def _insert(self, db: sqlite3.Connection, job: NewJob, now: float) -> Optional[str]:
         started = job.retry_at > 0

@@ -23,6 +23,13 @@ The rules both keep (``tests/contract/test_journal_contract.py`` checks them on 
   ``dead`` (the dead letters), ``cancelled`` (never started again, never overwritten by the
   outcome of an attempt already running), ``expired`` (not started by its expiry, recorded by the
   worker that would have started it: never started, claimed or replayed).
+* A :class:`Join` (canvas: a chain's next step, a chord's callback) travels with the outcome of one of
+  its members. In the transaction that stores that outcome, under a lock on the join's key (SQLite:
+  its one writer; PostgreSQL: ``pg_advisory_xact_lock``), the members' rows are read; once all are
+  finished the successor is inserted, unowned (any live worker with its task claims it), and only
+  once: its id is the primary key, so two members finishing at the same instant, or an outcome
+  stored twice, cannot journal it twice, and a kill between "member done" and "successor journaled"
+  cannot separate them.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import abc
 import dataclasses
 import importlib.util
 import urllib.parse
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from ..errors import ConfigurationError
 
@@ -87,8 +94,40 @@ class NewJob(NamedTuple):
     retry_at: float = 0.0
 
 
+class Member(NamedTuple):
+    """A job a :class:`Join` waits for, as its row stands (``result``: the encoded result of a ``done`` one)."""
+
+    id: str
+    state: str
+    result: Optional[bytes]
+    error: Optional[str]
+
+
+class Join(NamedTuple):
+    """A successor to journal once every job of ``members`` is finished (the module docstring).
+
+    ``make(members, in the order of `members`)`` builds it, or returns ``None`` when none is due (a
+    member failed and the canvas stops); it runs in the journal's transaction and must not raise.
+    ``key`` (the successor's id) serialises the joins of one successor across transactions.
+    """
+
+    key: str
+    members: tuple[str, ...]
+    make: Callable[[list[Member]], Optional[NewJob]]
+
+
+def joined(join: Join, found: Iterable[Sequence[Any]]) -> Optional[NewJob]:
+    """The successor of ``join`` if every member is finished (``found``: their ``(id, state, result, error)``
+    rows, any order), else ``None``."""
+    members = {row[0]: Member(*row) for row in found}
+    if len(members) < len(set(join.members)) or any(m.state not in FINISHED_STATES for m in members.values()):
+        return None
+    return join.make([members[job_id] for job_id in join.members])
+
+
 class Outcome(NamedTuple):
-    """What became of one attempt: the new ``state``, ``attempts``, ``next_at`` and ``error``."""
+    """What became of one attempt: the new ``state``, ``attempts``, ``next_at`` and ``error``; ``join``: the
+    canvas successor this job is a member of, evaluated in the same transaction."""
 
     id: str
     state: str
@@ -96,6 +135,11 @@ class Outcome(NamedTuple):
     next_at: float
     error: Optional[str]
     result: Optional[bytes] = None
+    join: Optional[Join] = None
+
+
+#: The columns an :class:`Outcome` writes.
+OUTCOME_COLUMNS = Outcome._fields[:6]
 
 
 class Start(NamedTuple):
@@ -158,8 +202,9 @@ class JournalBackend(abc.ABC):
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
         """In one transaction (group commit), in this order: store attempt ``outcomes`` (not over a
-        ``cancelled`` row), count the ``starts`` (attempts + 1, ``running`` and ``next_at`` set), and
-        journal new ``jobs`` (:class:`NewJob` fields), owned by this connection's token.
+        ``cancelled`` row), count the ``starts`` (attempts + 1, ``running`` and ``next_at`` set), journal
+        the successors of the outcomes' joins that are due (:func:`joined`, unowned, keys locked in sorted
+        order), and journal new ``jobs`` (:class:`NewJob` fields), owned by this connection's token.
 
         :returns: per job, ``None`` if it is new, else the state of the row already journaled under
             its id; and the ids of ``starts`` refused because their row is no longer pending

@@ -40,7 +40,22 @@ import psycopg
 from gevent import monkey
 
 from .._common import native_lock
-from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, JournalBackend, NewJob, Outcome, Row, Start
+from .journal_api import (
+    ALONE,
+    CANCELLED,
+    DIED,
+    FIELDS,
+    OUTCOME_COLUMNS,
+    SHARED,
+    Claim,
+    Join,
+    JournalBackend,
+    NewJob,
+    Outcome,
+    Row,
+    Start,
+    joined,
+)
 
 log = logging.getLogger(__name__)
 
@@ -243,11 +258,12 @@ class PostgresJournal(JournalBackend):
         """
         now = time.time()
         new, done, begun = [NewJob(*job) for job in jobs], list({o.id: o for o in outcomes}.values()), list(starts)
+        joins = sorted({o.join.key: o.join for o in done if o.join is not None}.items())
 
         def apply(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
             with db.cursor() as starting, db.cursor() as inserting:
                 if done:  # one statement, so the last outcome of an id wins
-                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in Outcome._fields)))
+                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in OUTCOME_COLUMNS)))
                 if begun:
                     starting.execute(STARTS, (now, now, [s.id for s in begun], [s.running for s in begun],
                                               [s.retry_at for s in begun]))
@@ -259,10 +275,24 @@ class PostgresJournal(JournalBackend):
                         [job.retry_at if go else job.due for job, go in zip(new, started)],
                         [int(job.due > 0) for job in new], [int(go) for go in started],
                         [SHARED if go else 0 for go in started], [now if go else None for go in started]))
+                for _, join in joins:
+                    self._join(db, join, now)
                 refused = {s.id for s in begun} - {row[0] for row in starting.fetchall()} if begun else set()
                 return (self._answers(inserting, new) if new else []), refused
 
         return self._transaction(apply)
+
+    @staticmethod
+    def _join(db: psycopg.Connection, join: Join, now: float) -> None:
+        """Under a lock on the join's key (held to the commit; a member finishing at the same instant in
+        another transaction waits, then reads this one's outcome): journal its successor if it is due."""
+        db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (join.key,))
+        job = joined(join, db.execute("SELECT id, state, result, error FROM zqsync_jobs WHERE id = ANY(%s)",
+                                      (list(join.members),)).fetchall())
+        if job is not None:
+            db.execute("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, created_at, updated_at, next_at)"
+                       " VALUES (%s, %s, %s, 'pending', NULL, %s, %s, %s, 0) ON CONFLICT (id) DO NOTHING",
+                       (job.id, job.task, job.body, job.retries, now, now))
 
     @staticmethod
     def _answers(inserting: psycopg.Cursor, new: list[NewJob]) -> list[Optional[str]]:

@@ -50,6 +50,7 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
+from .canvas import join_for
 from .confirming import Confirming
 from .group_commit import GroupCommit
 from .inline import run_inline
@@ -340,6 +341,8 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
                 error: Optional[ErrorInfo] = None) -> None:
         """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
         if job.durable and self._commits is not None:  # with the next group commit, or LINGER s from now
+            if outcome.state != "pending":  # finished: a chain's or chord's successor may be due (canvas.py)
+                outcome = outcome._replace(join=join_for(job.request, self.runner.registry))
             self._commits.defer("record", outcome)
         self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 
