@@ -570,7 +570,7 @@ def _job_json(row: Any, journal: Any) -> dict[str, Any]:
     ``scheduled``, ``failed``: :func:`~zqsync.worker.status.row_state`), the journal's in ``stored_state``."""
     from .errors import ProtocolError
     from .wire.envelope import decode_request
-    from .worker.status import row_state
+    from .worker.journal_calls import row_state
 
     fields = {key: value for key, value in row._asdict().items() if key != "body"}
     fields.update(state=row_state(row, time.time(), journal.owner_alive), stored_state=row.state)
