@@ -135,7 +135,7 @@ class JobBook:
 
     def _remember(self, job_id: str, state: str, result: Any, error: Optional[tuple[str, str, str]], now: float) -> None:
         """Add the outcome of the attempt that just ended to :attr:`recent`."""
-        run = self._ended.pop(job_id, None)
+        run = self._ended.pop(job_id, None) or self._running.pop(job_id, None)  # a cancel settles before stopped()
         if run is not None:
             self.recent.add(recent.Outcome(
                 job_id, run.task, state, run.args, recent.short(result) if state == "done" else None,
