@@ -5,8 +5,9 @@ kept). So that the dashboard can list plain jobs too, each worker process keeps 
 :data:`PER_TASK` outcomes of every task it runs (one ring per task: a flood of one task never pushes
 another's failures out), each a short summary: id, task, arguments and result as short reprs
 (at most :data:`TEXT` characters), the error's ``Type: message``, attempts and times. The tasks
-are those of the registry, so the memory is bounded: at most ``PER_TASK`` × tasks × about 1.5 KB
-(``docs/dashboard.md`` has the measurement), lost with the process.
+are those of the registry, so the memory is bounded: ``PER_TASK`` × tasks outcomes of about 0.5 KB
+each for a small job and 1 KB with every text at its cap (ASCII; ``docs/dashboard.md`` has the
+measurement), lost with the process.
 
 ``zqsync.recent`` answers from it, with the jobs running now (arguments and runtime), filtered
 by task, state and time. Under ``--processes N`` the call is answered by the child that took it:
