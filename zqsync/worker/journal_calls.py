@@ -78,8 +78,9 @@ class JournalCalls:
         pool, now = gevent.get_hub().threadpool, time.time()
         rows, scanned = pool.apply(self._page, (journal, now, state, offset, limit, task, since, until)) if state \
             else ([], 0)
-        return {"now": now, "counts": pool.apply(self._counts, (journal, now)), "running": self.running(),
-                "scanned": scanned, "rows": rows}
+        counts = pool.apply(self._counts, (journal, now))
+        # "now" is read after the rows: every row listed was last changed at or before it (its as_of).
+        return {"now": time.time(), "counts": counts, "running": self.running(), "scanned": scanned, "rows": rows}
 
     def _page(self, journal: JournalBackend, now: float, state: str, offset: int, limit: int, task: Optional[str],
               since: Optional[float], until: Optional[float]) -> tuple[list[dict[str, Any]], int]:
