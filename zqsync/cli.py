@@ -540,13 +540,13 @@ def _list_jobs(journal: Any, args: argparse.Namespace) -> None:
         rows = itertools.islice(journal.iter_rows(args.state or ("pending", "dead")), args.limit)
     if args.json:
         for row in rows:
-            print(json.dumps(_job_json(row), default=repr))
+            print(json.dumps(_job_json(row, journal), default=repr))
         return
-    print(f"{'id':32}  {'task':20}  {'state':7}  {'tries':>5}  {'error':30}  body")
+    print(f"{'id':32}  {'task':20}  {'state':9}  {'tries':>5}  {'error':30}  body")
     for row in rows:
-        body = _job_json(row)
+        body = _job_json(row, journal)
         call = json.dumps({"args": body["args"], "kwargs": body["kwargs"]}, default=repr)
-        print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
+        print(f"{row.id:32}  {row.task[:20]:20}  {body['state']:9}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
     counts = journal.counts()
     print("totals: " + ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) if counts else "totals: none")
 
@@ -569,11 +569,15 @@ def _jobs_journal(args: argparse.Namespace) -> tuple[str, str]:
     return kind, target
 
 
-def _job_json(row: Any) -> dict[str, Any]:
+def _job_json(row: Any, journal: Any) -> dict[str, Any]:
+    """A row as ``zqsync jobs --json`` prints it: ``state`` named as ``client.job()`` names it (``running``,
+    ``scheduled``, ``failed``: :func:`~zqsync.worker.status.row_state`), the journal's in ``stored_state``."""
     from .errors import ProtocolError
     from .wire.envelope import decode_request
+    from .worker.journal_calls import row_state
 
     fields = {key: value for key, value in row._asdict().items() if key != "body"}
+    fields.update(state=row_state(row, time.time(), journal.owner_alive), stored_state=row.state)
     try:
         request = decode_request(row.body)
     except ProtocolError as exc:

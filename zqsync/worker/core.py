@@ -158,7 +158,9 @@ class Core:
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
-            per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks;
+            per named queue, its ``endpoint``, ``concurrency``, ``running`` tasks and ``waiting``
+            (whether a job waits on its socket); ``queued`` and ``delayed``: the jobs held here and not
+            started yet (``Scheduler.depth``);
             ``rate_limited``: per task with a ``rate_limit`` that has run here, how many of its jobs
             wait for their turn now (``ratelimit.py``).
 
@@ -195,6 +197,7 @@ class Core:
             "clients": [client.stats() for client in _common.live_clients()],
             "queues": {queue.name: queue.stats() for queue in self.queues},
             "rate_limited": self.scheduler.limits.stats(),
+            **self.scheduler.depth(),
         }
 
     def _pools(self) -> list[gevent.pool.Pool]:

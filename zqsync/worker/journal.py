@@ -400,16 +400,24 @@ class SqliteJournal(JournalBackend):
         with self._lock:
             return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
-    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
-        """Make ``ids`` (or every dead job) pending again, unowned, attempts reset: a live worker with
-        the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
+    def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
+        """:meth:`JournalBackend.pending_split`."""
+        with self._lock:
+            return [(owner, bool(running), bool(later), int(count)) for owner, running, later, count in self._db.execute(
+                "SELECT owner, running > 0, next_at > ?, COUNT(*) FROM jobs WHERE state = 'pending' GROUP BY 1, 2, 3",
+                (now,)).fetchall()]
+
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
+        """:meth:`JournalBackend.requeue`."""
         now = time.time()
         reset = ("UPDATE jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
                  " owner = NULL, replay = 0, result = NULL, started_at = NULL, finished_at = NULL, updated_at = ?")
+        unchanged, since = ("", ()) if as_of is None else (" AND updated_at <= ?", (as_of,))
         if all_dead:
-            return self._transaction(lambda db: db.execute(f"{reset} WHERE state = 'dead'", (now,)).rowcount)
-        return self._transaction(lambda db: sum(
-            db.execute(f"{reset} WHERE id = ? AND state != 'pending'", (now, job_id)).rowcount for job_id in ids))
+            return self._transaction(lambda db: db.execute(f"{reset} WHERE state = 'dead'{unchanged}",
+                                                           (now, *since)).rowcount)
+        return self._transaction(lambda db: sum(db.execute(
+            f"{reset} WHERE id = ? AND state != 'pending'{unchanged}", (now, job_id, *since)).rowcount for job_id in ids))
 
     def purge(self, states: Iterable[str], older_than: float) -> int:
         """Delete rows in ``states`` (``done``/``dead``/``cancelled``) last updated more than ``older_than`` seconds ago;

@@ -251,9 +251,16 @@ class JournalBackend(abc.ABC):
         can interrupt it): this returns ``False`` for it."""
 
     @abc.abstractmethod
-    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
+    def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
+        """The pending jobs counted by ``(owner, running, due after now, count)``, so that a status can
+        tell running (an attempt counted under a live owner), scheduled (due later) and pending apart."""
+
+    @abc.abstractmethod
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
         """Make ``ids`` (or every dead job) pending again, unowned, attempts reset: a live worker with
-        the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
+        the task claims and runs them. Done jobs can be requeued too. With ``as_of`` (epoch seconds),
+        only rows last changed at or before it: a requeue sent twice for one listing (read at ``as_of``)
+        requeues once, since the first one changed them. Returns how many rows changed."""
 
     @abc.abstractmethod
     def purge(self, states: Iterable[str], older_than: float) -> int:

@@ -371,13 +371,21 @@ class PostgresJournal(JournalBackend):
 
         return bool(self._transaction(cancel))
 
-    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
+    def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
+        """:meth:`JournalBackend.pending_split`."""
+        return [(owner, bool(running), bool(later), int(count)) for owner, running, later, count in self._read(
+            "SELECT owner, running > 0, next_at > %s, count(*) FROM zqsync_jobs WHERE state = 'pending' GROUP BY 1, 2, 3",
+            (now,))]
+
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
         """:meth:`JournalBackend.requeue`."""
         now = time.time()
+        unchanged, since = ("", ()) if as_of is None else (" AND updated_at <= %s", (as_of,))
         if all_dead:
-            return int(self._transaction(lambda db: db.execute(f"{REQUEUE} WHERE state = 'dead'", (now,)).rowcount))
+            return int(self._transaction(lambda db: db.execute(
+                f"{REQUEUE} WHERE state = 'dead'{unchanged}", (now, *since)).rowcount))
         return int(self._transaction(lambda db: db.execute(
-            f"{REQUEUE} WHERE id = ANY(%s) AND state <> 'pending'", (now, sorted(set(ids)))).rowcount))
+            f"{REQUEUE} WHERE id = ANY(%s) AND state <> 'pending'{unchanged}", (now, sorted(set(ids)), *since)).rowcount))
 
     def purge(self, states: Iterable[str], older_than: float) -> int:
         """:meth:`JournalBackend.purge`."""

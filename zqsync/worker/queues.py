@@ -84,8 +84,11 @@ class JobQueue:
             self.pool.spawn(run, frame)
 
     def stats(self) -> dict[str, object]:
-        """``endpoint``, ``concurrency`` and ``running`` (tasks in its pool)."""
-        return {"endpoint": self.endpoint, "concurrency": self.concurrency, "running": len(self.pool)}
+        """``endpoint``, ``concurrency``, ``running`` (tasks in its pool) and ``waiting``: whether a job
+        waits on its socket (how many, ZeroMQ does not say). Reads ``ZMQ_EVENTS`` as :meth:`waiting`."""
+        waiting = self.sock is not None and bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN)
+        return {"endpoint": self.endpoint, "concurrency": self.concurrency, "running": len(self.pool),
+                "waiting": waiting}
 
 
 def yield_to_higher(higher: list[JobQueue]) -> None:

@@ -58,6 +58,7 @@ from .jobs import Confirm, Job
 from .journal_api import ALONE, SHARED, JournalBackend, Outcome, Start, open_journal
 from .pacing import Pacing, describe
 from .ratelimit import RateLimits
+from .recent import call_text
 from .replay import JournalReplay
 from .runner import ErrorInfo, Runner, unsendable
 from .status import Cancelled, JobBook
@@ -148,6 +149,13 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
         dispatcher = self._greenlets[:1]
         if dispatcher and dispatcher[0] not in self.slots:  # waiting (one running a job inline ends with it)
             gevent.killall(dispatcher)
+
+    def depth(self) -> dict[str, int]:
+        """Jobs this process holds and has not started: ``queued`` (ready, waiting for a slot, or journaled
+        and waiting for a backlog place) and ``delayed`` (waiting out a retry's backoff or a rate limit's
+        turn). Plain jobs not read yet wait in the jobs socket's queue, which ZeroMQ does not count."""
+        return {"queued": self._ready.qsize() + (self._holding is not None) + len(self._parked),
+                "delayed": len(self._timers)}
 
     def discard_plain_pending(self) -> int:
         """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
@@ -263,7 +271,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
         if job.durable and not job.counted and not self._count_start(job, attempts):
             return
         keep = not job.durable and (job.task.store_result or bool(job.request.options.get("store")))
-        self.book.started(job_id, job.task.name, attempts, keep=keep)
+        self.book.started(job_id, job.task.name, attempts, keep=keep, args=call_text(job.request), confirmed=job.durable)
         try:
             ok, value, delay = self.runner.run_job(job.task, job.request, attempts)
         except Cancelled:
