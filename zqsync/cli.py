@@ -22,6 +22,7 @@ from ._cli_endpoints import add_endpoint, fill_endpoints, json_or_str
 from ._worker_cli import (
     add_metrics_options,
     add_reload_option,
+    listening,
     metrics_address,
     prometheus,
     run_with_reload,
@@ -438,7 +439,8 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
     try:
         config = settings.WorkerSettings(**{name: value for name, value in vars(args).items() if name in fields})
     except ConfigurationError as exc:
-        raise SystemExit(f"zqsync worker: --{exc.setting.replace('_', '-')}: {exc}") from None
+        flag = {"endpoint": "bind"}.get(exc.setting, exc.setting)  # the bind check names what it checks
+        raise SystemExit(f"zqsync worker: --{flag.replace('_', '-')}: {exc}") from None
     if config.state_dir:  # here, before any child starts: each would fail on it, with a traceback
         try:
             os.makedirs(config.state_dir, exist_ok=True)
@@ -773,8 +775,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from .dashboard import serve
 
     host, port = _bind(args.bind)
-    serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
-          metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
+    with listening((host, port)):  # the page's bind, before it serves until interrupted
+        serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
+              metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
     return 0
 
 
