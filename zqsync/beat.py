@@ -2,7 +2,7 @@
 
 A beat is only a client. For each tick of a schedule it enqueues a
 confirmed job whose id is derived from the task name and the tick time
-(:meth:`Periodic.job_id`). The job goes to that id's preferred worker, whose
+(`Periodic.job_id`). The job goes to that id's preferred worker, whose
 journal acknowledges a second copy as a duplicate without running it, so
 two beats, or a beat restarted over a tick it had already sent, never run a
 tick twice, as long as they list the same workers (or, with one PostgreSQL
@@ -34,7 +34,7 @@ ID_PREFIX = "beat-"
 
 
 class Periodic(NamedTuple):
-    """The schedule of one periodic task (see :meth:`zqsync.worker.Registry.periodic`).
+    """The schedule of one periodic task (see `zqsync.worker.Registry.periodic`).
 
     :ivar task: the task name.
     :ivar every: seconds between ticks, or ``None`` with ``cron``.
@@ -114,9 +114,9 @@ class Beat:
 
     :param schedules: the schedules (``registry.periodic_jobs.values()``).
     :param enqueue: ``enqueue(task, args, kwargs, job_id)``; raises
-        :class:`~zqsync.errors.ZqsyncError` when the job was not confirmed.
+        `ZqsyncError` when the job was not confirmed.
     :param clock: wall-clock epoch seconds (replaceable in tests).
-    :param wait: ``wait(seconds)`` sleeps until then or until :meth:`stop`
+    :param wait: ``wait(seconds)`` sleeps until then or until `stop`
         (default: the stop event's ``wait``; replaceable in tests).
     """
 
@@ -132,7 +132,7 @@ class Beat:
         self.counters = {"ticks_sent": 0, "ticks_failed": 0, "ticks_skipped": 0}
 
     def run(self) -> None:
-        """Send ticks until :meth:`stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
+        """Send ticks until `stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
         now = self.clock()
         due = [periodic.latest_at(now) if periodic.catch_up == "latest" else periodic.next_after(now)
                for periodic in self.schedules]
@@ -148,7 +148,7 @@ class Beat:
                 self._send(periodic, tick)
 
     def stop(self) -> None:
-        """Make :meth:`run` return (safe from a signal handler or another thread)."""
+        """Make `run` return (safe from a signal handler or another thread)."""
         self.stopping.set()
 
     def _catch_up(self, periodic: Periodic, due: float) -> tuple[Optional[float], float]:

@@ -408,7 +408,7 @@ def load_registry(app: str, command: str = "worker") -> Any:
 
     :param command: the subcommand that the error messages name.
     :raises SystemExit: with a clear message if the module or attribute is missing
-        or is not a :class:`zqsync.worker.Registry`.
+        or is not a `zqsync.worker.Registry`.
     """
     from .worker import Registry
 

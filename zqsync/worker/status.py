@@ -7,7 +7,7 @@ Who knows a job's status (``docs/design.md``, "Job status and results"):
   for ``keep_done`` seconds after it finished (``keep_dead`` when dead-lettered);
 * a **plain** job: only if its task has ``store_result=True`` or the caller
   asked (``store_result=True`` on enqueue); then this process's memory keeps it,
-  at most :data:`MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
+  at most `MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
 * a job **running** here: this process's memory, which holds its greenlet (to cancel it).
 
 Every worker answers the ``zqsync.*`` admin calls below from what it holds;
@@ -186,8 +186,8 @@ class JobBook:
         return {**status, "worker": self.worker, "pid": os.getpid()}
 
     def result(self, job_id: str, timeout: float = 10.0) -> dict[str, Any]:
-        """``zqsync.result``: wait up to ``timeout`` seconds (at most :data:`MAX_WAIT`) for ``job_id`` to
-        finish, then return its status as :meth:`job` (finished or not). Blocks only the calling greenlet;
+        """``zqsync.result``: wait up to ``timeout`` seconds (at most `MAX_WAIT`) for ``job_id`` to
+        finish, then return its status as `job` (finished or not). Blocks only the calling greenlet;
         answers at once while the worker stops."""
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < float("inf"):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
@@ -214,7 +214,7 @@ class JobBook:
         A running task is interrupted where it next yields (``gevent.kill``; waits up to 5 s for it
         to end); a pending or scheduled one is marked ``cancelled`` and never starts.
 
-        :returns: the status as :meth:`job`, with ``"cancelled"``: whether this call cancelled it.
+        :returns: the status as `job`, with ``"cancelled"``: whether this call cancelled it.
         """
         _check_id(job_id)
         running = self._running.get(job_id)
@@ -243,7 +243,7 @@ class JobBook:
 
         :param state: a journal state (``pending``, ``done``, ``dead``, ``cancelled``, ``expired``), or ``None``
             for counts only.
-        :param offset: rows to skip (oldest first). :param limit: most rows, at most :data:`MAX_PAGE`.
+        :param offset: rows to skip (oldest first). :param limit: most rows, at most `MAX_PAGE`.
         :returns: ``{"counts": {state: n}, "running": [ids running in this process], "rows": [{"id", "task",
             "args" (a short repr), "state", "attempts", "error", "enqueued_at", "started_at", "finished_at",
             "due"}]}``.
