@@ -54,7 +54,10 @@ def test_an_unknown_task_fails_as_it_would_on_a_worker():
 
 
 def main():
-    for test in (test_signup_sends_a_welcome_mail, test_a_reminder_goes_out_a_day_later,
-                 test_an_unknown_task_fails_as_it_would_on_a_worker):
-        test()
+    try:
+        for test in (test_signup_sends_a_welcome_mail, test_a_reminder_goes_out_a_day_later,
+                     test_an_unknown_task_fails_as_it_would_on_a_worker):
+            test()
+    finally:
+        client.close()
     assert outbox == ["ada@example.org", "reminder for 42"]
