@@ -2,7 +2,7 @@
 
 A beat is only a client. For each tick of a schedule it enqueues a
 confirmed job whose id is derived from the task name and the tick time
-(:meth:`Periodic.job_id`). The job goes to that id's preferred worker, whose
+(`Periodic.job_id`). The job goes to that id's preferred worker, whose
 journal acknowledges a second copy as a duplicate without running it, so
 two beats, or a beat restarted over a tick it had already sent, never run a
 tick twice, as long as they list the same workers (or, with one PostgreSQL
@@ -36,7 +36,7 @@ ID_PREFIX = "beat-"
 
 
 class Periodic(NamedTuple):
-    """The schedule of one periodic task (see :meth:`zqsync.worker.Registry.periodic`).
+    """The schedule of one periodic task (see `zqsync.worker.Registry.periodic`).
 
     :ivar task: the task name.
     :ivar every: seconds between ticks, or ``None`` with ``cron``.
@@ -116,12 +116,12 @@ class Beat:
 
     :param schedules: the schedules (``registry.periodic_jobs.values()``).
     :param enqueue: ``enqueue(task, args, kwargs, job_id)``; raises
-        :class:`~zqsync.errors.ZqsyncError` when the job was not confirmed.
+        `ZqsyncError` when the job was not confirmed.
     :param clock: wall-clock epoch seconds (replaceable in tests).
-    :param wait: ``wait(seconds)`` sleeps until then or until :meth:`stop`
+    :param wait: ``wait(seconds)`` sleeps until then or until `stop`
         (default: the stop event's ``wait``; replaceable in tests).
     :param schedule_file: a JSON file of each task's last handled tick (epoch seconds), read at
-        :meth:`run` and rewritten (atomically, ``os.replace``) after each tick, as Celery beat keeps
+        `run` and rewritten (atomically, ``os.replace``) after each tick, as Celery beat keeps
         ``celerybeat-schedule``: a beat restarted after downtime counts and logs the ticks that passed
         while none ran. ``None``: a fresh start each time. An unreadable file is logged and ignored.
     """
@@ -141,7 +141,7 @@ class Beat:
         self._handled: dict[str, float] = {}
 
     def run(self) -> None:
-        """Send ticks until :meth:`stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
+        """Send ticks until `stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
         now = self.clock()
         self._handled = self._read_schedule()
         due = [self._first_due(periodic, now) for periodic in self.schedules]
@@ -158,7 +158,7 @@ class Beat:
             self._write_schedule()
 
     def stop(self) -> None:
-        """Make :meth:`run` return (safe from a signal handler or another thread)."""
+        """Make `run` return (safe from a signal handler or another thread)."""
         self.stopping.set()
 
     def _catch_up(self, periodic: Periodic, due: float) -> tuple[Optional[float], float, float]:
@@ -182,7 +182,7 @@ class Beat:
 
     def _first_due(self, periodic: Periodic, now: float) -> float:
         """The first tick to handle: the one after the last handled (the schedule file), which
-        :meth:`_catch_up` then finds late if ticks passed while no beat ran; on a fresh start, the next
+        `_catch_up` then finds late if ticks passed while no beat ran; on a fresh start, the next
         tick, or with ``catch_up="latest"`` the latest passed one."""
         last = self._handled.get(periodic.task)
         if last is not None and last <= now:

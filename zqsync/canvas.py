@@ -1,9 +1,9 @@
 """Canvas on confirmed jobs: signatures, chains, groups and chords (``docs/guides/canvas.md``).
 
-``task.s(*args, **kwargs)`` is a :class:`Signature`. :func:`chain` runs signatures one after the other,
-each result the first argument of the next; :func:`group` runs them side by side; :func:`chord` runs a
+``task.s(*args, **kwargs)`` is a `Signature`. `chain` runs signatures one after the other,
+each result the first argument of the next; `group` runs them side by side; `chord` runs a
 group, then a callback once with the list of the group's results. Each ``enqueue`` sends confirmed jobs
-whose ids are all chosen here, so the :class:`CanvasHandle` it returns knows every job of the workflow
+whose ids are all chosen here, so the `CanvasHandle` it returns knows every job of the workflow
 before most of them exist, and any client can follow them by id.
 
 Where the state lives: every step is a row in the workers' journal, and the successor of a step (a
@@ -35,7 +35,7 @@ class Signature:
 
     :ivar task: the registered task name. :ivar args: positional arguments (a chain's later step gets the
         previous result before them). :ivar kwargs: keyword arguments. :ivar client: the client to send
-        through when ``enqueue`` is given none (a :class:`~zqsync.worker.handles.TaskHandle`'s own).
+        through when ``enqueue`` is given none (a `TaskHandle`'s own).
     """
 
     task: str
@@ -80,7 +80,7 @@ def _signatures(signatures: Sequence[Any], what: str) -> tuple[Signature, ...]:
 
 
 class Chain:
-    """Signatures run one after the other; each result is the first argument of the next (:func:`chain`)."""
+    """Signatures run one after the other; each result is the first argument of the next (`chain`)."""
 
     def __init__(self, *signatures: Signature) -> None:
         self.signatures = _signatures(signatures, "chain")
@@ -89,7 +89,7 @@ class Chain:
         """Send the first step, confirmed, carrying the rest; blocks until a worker journaled it.
 
         :param client: the client to send through (default: the first signature's, else the default client).
-        :returns: the :class:`CanvasHandle` of the chain (``result()`` is the last step's result).
+        :returns: the `CanvasHandle` of the chain (``result()`` is the last step's result).
         :raises Unconfirmed: no worker acknowledged the first step: nothing runs.
         :raises RemoteError: a worker refused it (``UnknownTask``, ``NoJournal``, ``JournalUnavailable``).
         :raises ProtocolError: a step's arguments break the wire's limits; nothing is sent.
@@ -102,7 +102,7 @@ class Chain:
 
 
 class Group:
-    """Signatures run side by side (:func:`group`); its result is the list of theirs, in order."""
+    """Signatures run side by side (`group`); its result is the list of theirs, in order."""
 
     def __init__(self, *signatures: Signature) -> None:
         self.signatures = _signatures(signatures, "group")
@@ -111,7 +111,7 @@ class Group:
         """Send every member, confirmed, one after the other; blocks until each is journaled.
 
         :raises Unconfirmed: a member was not acknowledged; those sent before it run.
-        :raises RemoteError: a worker refused a member (as :meth:`Chain.enqueue`); those sent before it run.
+        :raises RemoteError: a worker refused a member (as `Chain.enqueue`); those sent before it run.
         :raises ProtocolError: a member's arguments break the wire's limits.
         """
         client = _client(client, self.signatures)
@@ -122,7 +122,7 @@ class Group:
 
 
 class Chord:
-    """A group, then ``callback`` once with the list of the group's results (:func:`chord`)."""
+    """A group, then ``callback`` once with the list of the group's results (`chord`)."""
 
     def __init__(self, header: Group, callback: Signature, *, errors: str = "stop") -> None:
         if not isinstance(header, Group) or not isinstance(callback, Signature):
@@ -136,7 +136,7 @@ class Chord:
 
         :raises Unconfirmed: a member was not acknowledged: those sent before it run, and the callback
             never does (it waits for every member).
-        :raises RemoteError: a worker refused a member (as :meth:`Chain.enqueue`), with the same effect.
+        :raises RemoteError: a worker refused a member (as `Chain.enqueue`), with the same effect.
         :raises ProtocolError: a member's arguments break the wire's limits.
         """
         client = _client(client, (*self.header.signatures, self.callback))
@@ -198,7 +198,7 @@ class CanvasHandle:
         chord's callback result.
 
         :param timeout: seconds in all (default the client's ``call_timeout``).
-        :raises RemoteError: a step or member failed (its task's error; :class:`~zqsync.errors.JobCancelled`
+        :raises RemoteError: a step or member failed (its task's error; `JobCancelled`
             if cancelled), or the chord's callback did.
         :raises CallTimeout: not finished within ``timeout``.
         """

@@ -1,13 +1,13 @@
 """Eager mode: run tasks in the calling process, for an app's own unit tests.
 
-Inside ``with eager(registry):`` every :class:`~zqsync.Client` in the process
+Inside ``with eager(registry):`` every `Client` in the process
 hands what it would send to an in-process stand-in for the worker instead of
 a socket. Everything on the client's side of the wire runs for real: option
 checks (``deadline`` with ``confirm``, a naive ``eta``, a negative
 ``send_timeout`` raise ``ConfigurationError`` as they do without eager mode),
 the wire encoding and its limits (msgpack, the same checks as a real request),
 routes. On the worker's side, calls and jobs run through the worker's own
-:class:`~zqsync.worker.runner.Runner`: its error replies, ``UnknownTask``,
+`Runner`: its error replies, ``UnknownTask``,
 deadlines, middleware hooks, retries, and the rule that a result a worker
 would keep (a confirmed job's, or a plain job's with ``store_result``) must
 encode, or the job fails. ``Client.job``, ``Client.result`` and
@@ -22,7 +22,7 @@ Time in eager mode:
 * a job runs at once, in ``enqueue``, with its retries at once (backoff is
   skipped, and recorded as ``EagerJob.attempts``);
 * a delayed job (``delay=``, ``eta=``) waits on the recorder's clock: it is
-  ``scheduled`` until :meth:`EagerRecorder.advance` moves the clock past its
+  ``scheduled`` until `EagerRecorder.advance` moves the clock past its
   due time, and can be cancelled meanwhile;
 * a call whose task outlasts the call's timeout raises ``CallTimeout`` once the
   task has returned (a real caller gives up at its deadline while the worker
@@ -35,8 +35,8 @@ Time in eager mode:
 
 A job enqueued inside an open Django transaction (``transaction.atomic()``,
 not the one ``django.test.TestCase`` wraps each test in) warns with
-:class:`~zqsync.errors.ZqsyncWarning`, or raises
-:class:`~zqsync.errors.EnqueuedInTransaction` with ``in_transaction="error"``:
+`ZqsyncWarning`, or raises
+`EnqueuedInTransaction` with ``in_transaction="error"``:
 in eager mode it runs at once and sees the rows the transaction has not
 committed, while a real worker may run it before the commit, or after a
 rollback, and not see them. Enqueue from ``transaction.on_commit`` instead.
@@ -92,12 +92,12 @@ class EagerJob(NamedTuple):
 
 
 class EagerRecorder:
-    """What an :func:`eager` block ran, and the stand-in worker's book. ``jobs`` lists every job run, in order.
+    """What an `eager` block ran, and the stand-in worker's book. ``jobs`` lists every job run, in order.
 
-    :ivar propagate: raise a job's final failure from ``enqueue`` (as :class:`RemoteError`).
+    :ivar propagate: raise a job's final failure from ``enqueue`` (as `RemoteError`).
     :ivar in_transaction: what a job enqueued inside an open database transaction does: ``"warn"``,
         ``"error"`` or ``"ignore"`` (the module docstring says why).
-    :ivar now: the block's clock, epoch seconds: the real time plus what :meth:`advance` added.
+    :ivar now: the block's clock, epoch seconds: the real time plus what `advance` added.
     """
 
     def __init__(self, registry: Registry, *, propagate: bool, in_transaction: str = "warn") -> None:
@@ -113,11 +113,11 @@ class EagerRecorder:
 
     @property
     def now(self) -> float:
-        """The block's clock, epoch seconds (float): the wall clock plus what :meth:`advance` added."""
+        """The block's clock, epoch seconds (float): the wall clock plus what `advance` added."""
         return time.time() + self._offset
 
     def check_transaction(self, task: str) -> None:
-        """Warn or raise (:attr:`in_transaction`) when a job is enqueued inside an open database transaction."""
+        """Warn or raise (`in_transaction`) when a job is enqueued inside an open database transaction."""
         if self.in_transaction == "ignore":
             return
         where = open_transaction()
@@ -263,14 +263,14 @@ def _error(info: tuple[str, str, str]) -> dict[str, str]:
 def eager(registry: Registry, *, propagate: bool = False, in_transaction: str = "warn") -> Iterator[EagerRecorder]:
     """Run every client's jobs and calls in this process, against ``registry``, within the block.
 
-    :param registry: the tasks to run (your app's :class:`~zqsync.worker.Registry`).
-    :param propagate: a job that fails for good raises :class:`RemoteError`
-        from ``enqueue`` (or from :meth:`EagerRecorder.advance` for a delayed
+    :param registry: the tasks to run (your app's `Registry`).
+    :param propagate: a job that fails for good raises `RemoteError`
+        from ``enqueue`` (or from `EagerRecorder.advance` for a delayed
         one); by default it is recorded in ``recorder.jobs``.
-    :param in_transaction: ``"warn"`` (:class:`ZqsyncWarning`), ``"error"``
-        (:class:`EnqueuedInTransaction` from ``enqueue``) or ``"ignore"``: a job
+    :param in_transaction: ``"warn"`` (`ZqsyncWarning`), ``"error"``
+        (`EnqueuedInTransaction` from ``enqueue``) or ``"ignore"``: a job
         enqueued inside an open Django transaction (module docstring).
-    :returns: an :class:`EagerRecorder` (``.jobs``, ``.failed()``, ``.advance()``).
+    :returns: an `EagerRecorder` (``.jobs``, ``.failed()``, ``.advance()``).
     :raises ProtocolError: (from ``enqueue``/``call``) an argument that the wire would refuse.
     :raises ConfigurationError: an option the client refuses, as without eager mode.
 

@@ -10,8 +10,8 @@ hub may have to that worker for the whole wait, so a few waiters starved the hub
 (500 greenlets waiting, pool size 4: 192 failed with ``PoolError``, and a quick call waited
 5 s for a socket).
 
-:class:`Waits` keeps, per owner (a gevent hub, or a thread outside gevent: ``owner.py``)
-and rpc address, one :class:`Channel`: a DEALER outside the pool's cap
+`Waits` keeps, per owner (a gevent hub, or a thread outside gevent: ``owner.py``)
+and rpc address, one `Channel`: a DEALER outside the pool's cap
 (``SocketPool.open_dedicated``) on which any number of long-polls travel at once, each
 reply matched to its waiter by request id. The worker answers each long-poll on its own,
 so replies come back in any order.
@@ -31,7 +31,7 @@ time, which sends and receives itself (``transport.py``'s blocking calls with a 
 A reply for a waiter that gave up (its timeout, a ``gevent.Timeout`` or a kill) is dropped
 by id and counted as a stale reply. Unlike a pooled DEALER after an error (pool rule 3),
 the socket is kept: no reply can reach a waiter it was not meant for. A ZeroMQ error closes
-the channel, and its waiters get :class:`~zqsync.errors.PoolError`, which ``lookups.py``
+the channel, and its waiters get `PoolError`, which ``lookups.py``
 treats as a worker gone for this round. Channels of owners that ended are closed when a new
 channel opens; after a fork the child opens its own (the pool disowns the parent's sockets).
 """
@@ -52,7 +52,7 @@ from . import transport
 from .owner import Owner, current_owner
 from .pool import Address, SocketPool
 
-#: What :meth:`Channel.request` returns for a frame that did not leave within its ``send_within``.
+#: What `Channel.request` returns for a frame that did not leave within its ``send_within``.
 UNSENT = object()
 
 
@@ -81,7 +81,7 @@ class Channel:
 
         :param send_within: seconds the frame may wait to leave (no connection yet: ``ZMQ_IMMEDIATE``,
             or the high-water mark); ``None``: the whole ``timeout``.
-        :returns: the reply; ``None`` if the deadline ran out; :data:`UNSENT` if the frame did not
+        :returns: the reply; ``None`` if the deadline ran out; `UNSENT` if the frame did not
             leave within ``send_within`` (it never will: it was taken back).
         :raises PoolError: the channel failed (a ZeroMQ error) or was closed.
         """
@@ -224,7 +224,7 @@ class Waits:
 
     def request(self, address: Address, frame: bytes, request_id: str, timeout: float,
                 send_within: Optional[float] = None) -> Union[envelope.Reply, None, object]:
-        """One request to ``address`` on the caller's channel: :meth:`Channel.request`.
+        """One request to ``address`` on the caller's channel: `Channel.request`.
 
         :raises PoolError: the pool is closed, the socket budget is spent, or the channel failed.
         """

@@ -26,7 +26,7 @@ PREFIXES = ("/api/v1", "/api")
 
 
 def add_api(app: Flask, fleet: Fleet) -> None:
-    """Register the API's views on ``app`` under both :data:`PREFIXES`."""
+    """Register the API's views on ``app`` under both `PREFIXES`."""
     views: dict[str, tuple[str, Callable[..., Any]]] = {
         "/state": ("GET", lambda: jsonify(workers=fleet.snapshot(), history=list(fleet.history),
                                           interval=fleet.interval)),

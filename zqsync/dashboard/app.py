@@ -1,10 +1,10 @@
 """``zqsync dashboard``: a Flask page over the workers' admin calls, served by gevent's WSGIServer.
 
 It keeps no database: the fleet view comes from polling ``zqsync.stats``
-(:mod:`zqsync.dashboard.fleet`), the journal views and actions from the
+(`zqsync.dashboard.fleet`), the journal views and actions from the
 ``zqsync.jobs``/``job``/``requeue``/``cancel``/``purge`` calls, made when asked.
 
-Safety: it binds loopback unless given a token (:func:`check_bind`). With a
+Safety: it binds loopback unless given a token (`check_bind`). With a
 token, every page and API call needs it: the login form stores it in the
 session cookie, or a script sends ``Authorization: Bearer TOKEN``. Every POST
 also needs the session's CSRF token in the ``X-CSRF-Token`` header. Without a

@@ -6,7 +6,7 @@ for all its children (keyed by its supervisor's pid, children listed under
 answer. The charts' series is sampled on its own timer: each sample's rates
 count every job and call that the polls saw since the previous sample, so no
 poll goes uncharted when two polls fall between two samples (a busy machine
-delays the sampler). Nothing is stored beyond :data:`HISTORY` samples in memory.
+delays the sampler). Nothing is stored beyond `HISTORY` samples in memory.
 """
 
 from __future__ import annotations

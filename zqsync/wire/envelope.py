@@ -22,7 +22,7 @@ clock, so clocks that disagree across hosts do not matter while the request
 travels and queues in the worker's process. But a request that waited in
 a stopped worker's kernel buffers is "received" only when the worker runs
 again, so the worker also checks ``sent + deadline`` against its own wall
-clock, allowing :data:`CLOCK_SKEW` seconds of disagreement between hosts
+clock, allowing `CLOCK_SKEW` seconds of disagreement between hosts
 (``Request.expires``). A worker does not start a request past its deadline.
 
 ``confirm`` is a job sent over the rpc socket: the reply acknowledges that it
@@ -36,22 +36,22 @@ Reply (worker to client, on the rpc socket only; an error reply has an empty
 
 ``id`` is the job id or request id, echoed in every reply so that a client
 can recognise and drop a stray reply (docs/design.md, pool rule 3). Decoding validates every
-field it uses and raises :class:`~zqsync.errors.ProtocolError` and nothing
+field it uses and raises `ProtocolError` and nothing
 else. Task arguments and results must be msgpack-serialisable: ``None``,
 bool, int, float, str, bytes, lists/tuples and maps of those.
 
-One set of limits holds on both sides: :func:`encode_request` (the client,
-before anything is sent) and :func:`decode_request` (the worker) run the same
+One set of limits holds on both sides: `encode_request` (the client,
+before anything is sent) and `decode_request` (the worker) run the same
 checks, so a request the worker would refuse raises ``ProtocolError`` in the
 caller instead of being counted as enqueued and dropped at the worker:
 
-* a frame of at most :data:`MAX_MESSAGE_SIZE` bytes (16 MiB; the worker's
+* a frame of at most `MAX_MESSAGE_SIZE` bytes (16 MiB; the worker's
   ``ZMQ_MAXMSGSIZE`` resets a connection that carries a larger one);
-* ``id`` a non-empty str of at most :data:`MAX_ID` characters, ``task`` one of
-  at most :data:`MAX_TASK_NAME`;
+* ``id`` a non-empty str of at most `MAX_ID` characters, ``task`` one of
+  at most `MAX_TASK_NAME`;
 * ``kwargs`` keys are str; map keys anywhere are scalars (str, bytes, int,
   float, bool, None; a tuple key would decode as an unhashable list);
-* nesting at most :data:`MAX_DEPTH` levels and at most :data:`MAX_ITEMS`
+* nesting at most `MAX_DEPTH` levels and at most `MAX_ITEMS`
   elements per list or map.
 """
 
@@ -98,7 +98,7 @@ class Request(NamedTuple):
     #: the sender's wall-clock time (Unix seconds) when it encoded the request, with ``deadline``.
     sent: Optional[float] = None
     #: never on the wire: the decoding side's ``time.monotonic()`` after which the request must not
-    #: start, stamped by :func:`decode_request` (``None``: no deadline).
+    #: start, stamped by `decode_request` (``None``: no deadline).
     expires: Optional[float] = None
 
 
@@ -276,7 +276,7 @@ def _check_arguments(args: list[Any], kwargs: Any) -> None:
 def encode_result(request_id: str, result: Any, *, max_size: int = MAX_RESULT_SIZE) -> bytes:
     """Encode a success reply.
 
-    :param max_size: bytes the frame may take (default :data:`MAX_RESULT_SIZE`).
+    :param max_size: bytes the frame may take (default `MAX_RESULT_SIZE`).
     :raises ProtocolError: msgpack cannot encode ``result`` (the message names the type or the
         limit it is past), or the frame is over ``max_size`` bytes.
     """

@@ -1,15 +1,15 @@
 """The shape limits of task arguments and results, checked where containers nest and nowhere else.
 
-Both sides run :func:`check_nesting`: the client on what it is about to encode
+Both sides run `check_nesting`: the client on what it is about to encode
 (``envelope.encode_request``), the worker and the client on what msgpack
 decoded (``decode_request``, ``decode_reply``). The limits:
 
-* at most :data:`MAX_ITEMS` elements per list or map (the decoding side's
+* at most `MAX_ITEMS` elements per list or map (the decoding side's
   ``Unpacker`` enforces the same bound in C with ``max_array_len`` and
   ``max_map_len``);
-* map keys are scalars (:data:`KEY_TYPES`; msgpack would encode a tuple key as
+* map keys are scalars (`KEY_TYPES`; msgpack would encode a tuple key as
   an array, which the other side cannot decode into a hashable key);
-* at most :data:`MAX_DEPTH` levels: ``args``, ``kwargs`` and a result are at
+* at most `MAX_DEPTH` levels: ``args``, ``kwargs`` and a result are at
   level 1, and a value inside a list or map at level ``n`` is at level ``n + 1``,
   so a container at level ``MAX_DEPTH`` must be empty;
 * no msgpack extension types (``ExtType``, ``Timestamp``): msgpack packs them,
@@ -59,7 +59,7 @@ def check_kwargs(kwargs: Any) -> None:
 def check_nesting(value: Any) -> None:
     """Refuse a ``value`` (at level 1) that breaks a limit of the module docstring.
 
-    Recursive only where containers nest, and never deeper than :data:`MAX_DEPTH`
+    Recursive only where containers nest, and never deeper than `MAX_DEPTH`
     calls. Values of other types are left to msgpack, which packs what it can and
     raises ``TypeError`` on the rest, except msgpack's extension types
     (``ExtType``, ``Timestamp``), refused here: the decoding side refuses every

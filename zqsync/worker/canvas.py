@@ -8,7 +8,7 @@ request carries ``opts.canvas``::
      "errors": "stop" | "pass"}                 # a chord: whether a failed member stops the callback
 
 When such a job finishes (done, failed, dead, cancelled or expired), the scheduler attaches a
-:class:`~zqsync.worker.journal_api.Join` to its outcome (:func:`join_for`); the journal evaluates it in
+`Join` to its outcome (`join_for`); the journal evaluates it in
 the transaction that stores the outcome and, once every member is finished, journals the successor
 (``journal_api.py``). A chain's successor gets the finished step's result as its first argument; a
 chord's callback the list of the members' results, in the group's order (with ``errors="pass"``, a

@@ -30,7 +30,7 @@ log = logging.getLogger("zqsync.worker.scheduler")  # the log lines keep their l
 
 
 class Confirming:
-    """The confirm half of :class:`~zqsync.worker.scheduler.JobScheduler` (a mixin: it sets these)."""
+    """The confirm half of `JobScheduler` (a mixin: it sets these)."""
 
     runner: Runner
     slots: gevent.pool.Pool
@@ -45,7 +45,7 @@ class Confirming:
 
         Never blocks. The job goes to the writer thread, which commits it with
         every job that arrived meanwhile (group commit) and then posts one hub
-        callback per batch (:meth:`_answer_batch`) that answers the batch's
+        callback per batch (`_answer_batch`) that answers the batch's
         jobs, so a job is acknowledged only after the transaction holding it
         has committed and the journal file was checked to be the one opened.
         A job id seen before is acknowledged as a duplicate and not run again;

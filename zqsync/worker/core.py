@@ -1,6 +1,6 @@
-"""The state of a worker and its stats: the base of :class:`~zqsync.worker.server.Worker`.
+"""The state of a worker and its stats: the base of `Worker`.
 
-:class:`Core` makes the task slots, the call pools, the admission places, the runner and the
+`Core` makes the task slots, the call pools, the admission places, the runner and the
 scheduler, and answers ``zqsync.stats``; the receive loops (``receiving.py``), the stop sequence
 (``shutdown.py``) and serving (``server.py``) build on it. What depends on how work reaches the worker
 is its intake's (``intake.py``).
@@ -45,7 +45,7 @@ LONG_POLLS = 10_000
 
 
 class Core:
-    """A worker's state and stats (the parameters are :class:`~zqsync.worker.server.Worker`'s)."""
+    """A worker's state and stats (the parameters are `Worker`'s)."""
 
     jobs: zmq.Socket
     rpc: zmq.Socket
@@ -111,12 +111,12 @@ class Core:
     def stats(self) -> dict[str, Any]:
         """Counters for ``zqsync.stats`` calls: this process's, or under a prefork supervisor the whole worker's.
 
-        Standalone: :meth:`local_stats`. Under a supervisor, every child's
+        Standalone: `local_stats`. Under a supervisor, every child's
         local stats gathered over their admin sockets (``fleet.py``; blocks
         the calling greenlet up to ``fleet.GATHER_TIMEOUT``, 1.0 s, for a
         child that does not answer) and merged:
 
-        - every counter of :meth:`local_stats` (``jobs_*``, ``plain_received``,
+        - every counter of `local_stats` (``jobs_*``, ``plain_received``,
           ``confirmed_*``, ``calls_*``, ``in_flight``, ...): the sum over the
           children that answered;
         - ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``

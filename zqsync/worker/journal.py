@@ -21,12 +21,12 @@ do not outlive their process. A pending row whose owner's lock can be taken
 (or has no owner: requeued, or journaled by an older version) is an orphan,
 and a live worker that has the row's task claims it.
 
-Attempts are counted *before* a job runs (:meth:`SqliteJournal.write_all`, ``starts``),
+Attempts are counted *before* a job runs (`SqliteJournal.write_all`, ``starts``),
 with ``running`` set (1: alongside other jobs, 2: alone). A row left
 ``running`` by a dead owner is a suspect: the job may have killed its
 process. It is replayed after its backoff, alone; one that died running
 alone with ``attempts > retries`` is dead-lettered with the reason
-:data:`DIED`.
+`DIED`.
 
 States: ``pending`` (to run, possibly after ``next_at``: a delayed job is
 journaled already marked for replay, with ``next_at`` its due time), ``done``
@@ -116,7 +116,7 @@ class SqliteJournal(JournalBackend):
     pool, from more than one thread at a time, so every use of the one
     connection is serialised by a lock (a transaction begun by one thread
     must never be committed by another). A connection owns no rows until
-    :meth:`register` (the ``zqsync jobs`` command never registers).
+    `register` (the ``zqsync jobs`` command never registers).
     """
 
     def __init__(self, state_dir: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0) -> None:
@@ -233,10 +233,10 @@ class SqliteJournal(JournalBackend):
     # -- writes ------------------------------------------------------------
 
     def probe(self) -> None:
-        """Whether the journal can be written again: :meth:`check_file`, and one row of this owner's
+        """Whether the journal can be written again: `check_file`, and one row of this owner's
         written to the ``probes`` table and committed (an empty transaction would succeed on a full disk).
 
-        :raises JournalGone, sqlite3.Error: as :meth:`write_all`.
+        :raises JournalGone, sqlite3.Error: as `write_all`.
         """
         def work(db: sqlite3.Connection) -> None:
             self.check_file()
@@ -247,7 +247,7 @@ class SqliteJournal(JournalBackend):
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """:meth:`JournalBackend.write_all`; before committing new jobs it checks the file is still the one opened.
+        """`JournalBackend.write_all`; before committing new jobs it checks the file is still the one opened.
 
         :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
         :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
@@ -301,8 +301,8 @@ class SqliteJournal(JournalBackend):
 
     def claim(self, tasks: Sequence[str]) -> Claim:
         """Take over the pending jobs of dead owners whose task is in ``tasks``; they are marked for
-        replay (:meth:`take_replays`). Suspects that died running alone with ``attempts > retries``
-        are dead-lettered (:data:`DIED`) instead. Needs :meth:`register` first."""
+        replay (`take_replays`). Suspects that died running alone with ``attempts > retries``
+        are dead-lettered (`DIED`) instead. Needs `register` first."""
         assert self.token is not None, "register() first"
         now = time.time()
         marks = ",".join("?" for _ in tasks) or "NULL"
@@ -401,14 +401,14 @@ class SqliteJournal(JournalBackend):
             return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
     def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
-        """:meth:`JournalBackend.pending_split`."""
+        """`JournalBackend.pending_split`."""
         with self._lock:
             return [(owner, bool(running), bool(later), int(count)) for owner, running, later, count in self._db.execute(
                 "SELECT owner, running > 0, next_at > ?, COUNT(*) FROM jobs WHERE state = 'pending' GROUP BY 1, 2, 3",
                 (now,)).fetchall()]
 
     def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
-        """:meth:`JournalBackend.requeue`."""
+        """`JournalBackend.requeue`."""
         now = time.time()
         reset = ("UPDATE jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
                  " owner = NULL, replay = 0, result = NULL, started_at = NULL, finished_at = NULL, updated_at = ?")

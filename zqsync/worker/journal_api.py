@@ -12,18 +12,18 @@ The rules both keep (``tests/contract/test_journal_contract.py`` checks them on 
 * A job's ``id`` is unique in the journal: a second insert of it is refused and
   answered with the state of the row already there (a duplicate).
 * Rows belong to an **owner token**, one per worker process and boot
-  (:meth:`JournalBackend.register`); an owner is alive while its process holds
+  (`JournalBackend.register`); an owner is alive while its process holds
   it (an ``flock`` for SQLite, a renewed lease for PostgreSQL). A live worker
-  claims the pending rows of owners that are gone (:meth:`~JournalBackend.claim`),
-  for its own tasks, and replays them in bounded batches (:meth:`~JournalBackend.take_replays`).
-* Attempts are counted *before* a job runs (``starts``, ``running`` set: :data:`SHARED`
-  alongside other jobs, :data:`ALONE` alone). A claimed row that was running alone with
-  ``attempts > retries`` is dead-lettered with :data:`DIED` (the poison-job rule).
+  claims the pending rows of owners that are gone (`claim`),
+  for its own tasks, and replays them in bounded batches (`take_replays`).
+* Attempts are counted *before* a job runs (``starts``, ``running`` set: `SHARED`
+  alongside other jobs, `ALONE` alone). A claimed row that was running alone with
+  ``attempts > retries`` is dead-lettered with `DIED` (the poison-job rule).
 * States: ``pending`` (``next_at`` its due or retry time), ``done`` (with its ``result``),
   ``dead`` (the dead letters), ``cancelled`` (never started again, never overwritten by the
   outcome of an attempt already running), ``expired`` (not started by its expiry, recorded by the
   worker that would have started it: never started, claimed or replayed).
-* A :class:`Join` (canvas: a chain's next step, a chord's callback) travels with the outcome of one of
+* A `Join` (canvas: a chain's next step, a chord's callback) travels with the outcome of one of
   its members. In the transaction that stores that outcome, under a lock on the join's key (SQLite:
   its one writer; PostgreSQL: ``pg_advisory_xact_lock``), the members' rows are read; once all are
   finished the successor is inserted, unowned (any live worker with its task claims it), and only
@@ -80,8 +80,8 @@ FIELDS = Row._fields
 class NewJob(NamedTuple):
     """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job.
 
-    ``retry_at`` above 0 counts its first attempt in the insert itself, as a :class:`Start` would
-    (``running`` :data:`SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
+    ``retry_at`` above 0 counts its first attempt in the insert itself, as a `Start` would
+    (``running`` `SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
     committed, so it needs no transaction of its own to count that attempt. A row that already
     exists is left as it is.
     """
@@ -95,7 +95,7 @@ class NewJob(NamedTuple):
 
 
 class Member(NamedTuple):
-    """A job a :class:`Join` waits for, as its row stands (``result``: the encoded result of a ``done`` one)."""
+    """A job a `Join` waits for, as its row stands (``result``: the encoded result of a ``done`` one)."""
 
     id: str
     state: str
@@ -138,12 +138,12 @@ class Outcome(NamedTuple):
     join: Optional[Join] = None
 
 
-#: The columns an :class:`Outcome` writes.
+#: The columns an `Outcome` writes.
 OUTCOME_COLUMNS = Outcome._fields[:6]
 
 
 class Start(NamedTuple):
-    """An attempt about to start: counted first. ``running`` is :data:`SHARED` or :data:`ALONE`;
+    """An attempt about to start: counted first. ``running`` is `SHARED` or `ALONE`;
     ``retry_at`` is when to retry it should its process die meanwhile (epoch seconds)."""
 
     id: str
@@ -153,7 +153,7 @@ class Start(NamedTuple):
 
 @dataclasses.dataclass
 class Claim:
-    """What one :meth:`JournalBackend.claim` did: rows taken over, rows dead-lettered as :data:`DIED`
+    """What one `JournalBackend.claim` did: rows taken over, rows dead-lettered as `DIED`
     (their ids), and orphans left alone because their task is not ours (``{task: rows}``)."""
 
     claimed: int = 0
@@ -165,7 +165,7 @@ class JournalBackend(abc.ABC):
     """A connection to a journal. Every method blocks (a gevent worker calls them from native
     threads: its writer thread and its thread pool, more than one at a time) and raises the
     backend's database error (``sqlite3.Error``, ``psycopg.Error``) when the journal cannot be
-    read or written; nothing is committed then. A connection owns no rows until :meth:`register`
+    read or written; nothing is committed then. A connection owns no rows until `register`
     (``zqsync jobs`` never registers)."""
 
     #: This connection's owner token once registered, else ``None``.
@@ -175,7 +175,7 @@ class JournalBackend(abc.ABC):
 
     @abc.abstractmethod
     def register(self) -> str:
-        """Become a live owner with a new random token, held until :meth:`close` or the process's
+        """Become a live owner with a new random token, held until `close` or the process's
         death; returns the token. A process forked from this one does not inherit it."""
 
     @abc.abstractmethod
@@ -195,7 +195,7 @@ class JournalBackend(abc.ABC):
     @abc.abstractmethod
     def probe(self) -> None:
         """Whether the journal can be written again: one row of this owner's written and committed
-        (an empty transaction would succeed on a full disk). Raises as :meth:`write_all`."""
+        (an empty transaction would succeed on a full disk). Raises as `write_all`."""
 
     @abc.abstractmethod
     def write_all(
@@ -203,8 +203,8 @@ class JournalBackend(abc.ABC):
     ) -> tuple[list[Optional[str]], set[str]]:
         """In one transaction (group commit), in this order: store attempt ``outcomes`` (not over a
         ``cancelled`` row), count the ``starts`` (attempts + 1, ``running`` and ``next_at`` set), journal
-        the successors of the outcomes' joins that are due (:func:`joined`, unowned, keys locked in sorted
-        order), and journal new ``jobs`` (:class:`NewJob` fields), owned by this connection's token.
+        the successors of the outcomes' joins that are due (`joined`, unowned, keys locked in sorted
+        order), and journal new ``jobs`` (`NewJob` fields), owned by this connection's token.
 
         :returns: per job, ``None`` if it is new, else the state of the row already journaled under
             its id; and the ids of ``starts`` refused because their row is no longer pending
@@ -214,14 +214,14 @@ class JournalBackend(abc.ABC):
     def write(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> list[Optional[str]]:
-        """:meth:`write_all`, returning only the per-job answers."""
+        """`write_all`, returning only the per-job answers."""
         return self.write_all(jobs, outcomes, starts)[0]
 
     @abc.abstractmethod
     def claim(self, tasks: Sequence[str]) -> Claim:
         """Take over the pending rows of owners that are gone (or of none) whose task is in ``tasks``;
-        they are marked for replay (:meth:`take_replays`). Those that died running alone with
-        ``attempts > retries`` are dead-lettered (:data:`DIED`) instead. Needs :meth:`register`."""
+        they are marked for replay (`take_replays`). Those that died running alone with
+        ``attempts > retries`` are dead-lettered (`DIED`) instead. Needs `register`."""
 
     @abc.abstractmethod
     def take_replays(self, limit: int) -> list[Row]:
@@ -315,7 +315,7 @@ def parse_journal_url(url: str, setting: str = "journal") -> JournalURL:
 
 def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0,
                  lease: float = 10.0) -> JournalBackend:
-    """Open the journal at ``url`` (:func:`parse_journal_url`), creating its schema if missing.
+    """Open the journal at ``url`` (`parse_journal_url`), creating its schema if missing.
 
     :param synchronous: SQLite's ``synchronous`` (ignored by PostgreSQL, whose server settings decide).
     :param busy_timeout: seconds a write waits for another's lock before it fails.

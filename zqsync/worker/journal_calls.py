@@ -1,5 +1,5 @@
 """The journal's admin calls (``zqsync.jobs``, ``zqsync.requeue``, ``zqsync.purge``), and how a row's
-state is named: as ``client.job()`` names it (:func:`row_state`), also in the dashboard and ``zqsync jobs``.
+state is named: as ``client.job()`` names it (`row_state`), also in the dashboard and ``zqsync jobs``.
 
 Every call reads and writes the journal from the hub's thread pool: the calling greenlet blocks, the
 worker's other greenlets run.
@@ -46,7 +46,7 @@ def row_state(row: Row, now: float, owner_alive: Callable[[Optional[str]], bool]
 class JournalCalls:
     """The journal's admin calls of one worker process.
 
-    :param journal: the worker's journal, or ``None`` (every call raises :class:`~zqsync.errors.NoJournal`).
+    :param journal: the worker's journal, or ``None`` (every call raises `NoJournal`).
     :param running: the ids of the jobs running in this process now.
     """
 
@@ -59,12 +59,12 @@ class JournalCalls:
         """``zqsync.jobs``: the journal's job counts per state, and one page of the rows in ``state``.
 
         :param state: a journal state (``pending``, ``done``, ``dead``: the dead letters, ``failed`` included,
-            ``cancelled``, ``expired``), one a status names (``running``, ``scheduled``: :func:`row_state`;
+            ``cancelled``, ``expired``), one a status names (``running``, ``scheduled``: `row_state`;
             ``failed``), or ``None`` for counts only. ``pending`` lists only the rows named ``pending``.
-        :param offset: rows to skip (oldest first). :param limit: most rows, at most :data:`MAX_PAGE`.
+        :param offset: rows to skip (oldest first). :param limit: most rows, at most `MAX_PAGE`.
         :param task: only this task's rows. :param since: only rows last changed at or after (epoch
             seconds). :param until: at or before. With any of these or a status's state, at most
-            :data:`MAX_SCAN` rows are read for one page (``"scanned"`` says how many were).
+            `MAX_SCAN` rows are read for one page (``"scanned"`` says how many were).
         :returns: ``{"now" (the worker's clock: the ``as_of`` of a requeue), "counts": {state: n} (``pending``
             split into ``pending``, ``running`` and ``scheduled``), "running": [ids running in this process],
             "scanned", "rows": [{"id", "task", "args" (a short repr), "state", "attempts", "error",
@@ -84,7 +84,7 @@ class JournalCalls:
 
     def _page(self, journal: JournalBackend, now: float, state: str, offset: int, limit: int, task: Optional[str],
               since: Optional[float], until: Optional[float]) -> tuple[list[dict[str, Any]], int]:
-        """In a native thread: one page of :meth:`jobs`, and how many rows were read for it."""
+        """In a native thread: one page of `jobs`, and how many rows were read for it."""
         stored = "pending" if state in DERIVED else "dead" if state == "failed" else state
         if state in UNSPLIT and task is None and since is None and until is None:
             rows = journal.rows((state,), limit=limit, offset=offset)
@@ -104,7 +104,7 @@ class JournalCalls:
 
     @staticmethod
     def _counts(journal: JournalBackend, now: float) -> dict[str, int]:
-        """In a native thread: the journal's counts, ``pending`` split as :func:`row_state` names them."""
+        """In a native thread: the journal's counts, ``pending`` split as `row_state` names them."""
         counts = {state: count for state, count in journal.counts().items() if state != "pending"}
         alive: dict[Optional[str], bool] = {}
         for owner, running, later, count in journal.pending_split(now):
@@ -119,7 +119,7 @@ class JournalCalls:
         """``zqsync.requeue``: make ``ids`` (or every dead job) pending again, attempts reset.
 
         :param as_of: only jobs last changed at or before (epoch seconds, the worker's clock: the ``now``
-            of the :meth:`jobs` listing acted on), so that the same requeue sent twice requeues once.
+            of the `jobs` listing acted on), so that the same requeue sent twice requeues once.
         :param explain: answer what it did and why not, instead of a bare count.
         :returns: how many were requeued; with ``explain``: ``{"requeued": n, "skipped": {id: why}
             (ids only), "reason": why none or some were not (``None`` if every one was)}``.

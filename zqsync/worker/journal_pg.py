@@ -8,16 +8,16 @@ acknowledged (group commit: the worker's writer thread commits a batch in one
 transaction, and the acknowledgements are sent after ``COMMIT``); how durable
 that commit is, is the server's ``synchronous_commit`` (``docs/operations.md``).
 
-Ownership is a **lease**: :meth:`PostgresJournal.register` inserts the process's
+Ownership is a **lease**: `PostgresJournal.register` inserts the process's
 owner token into ``zqsync_owners`` with ``expires_at = now() + lease`` (the
 database's clock, so the workers' clocks never matter), and a native thread
 renews it every ``lease / 3`` seconds on a connection of its own. When a lease
 expires (the process, its host or its network is gone), the other workers'
-:meth:`~PostgresJournal.claim` takes that owner's pending and running rows
+`claim` takes that owner's pending and running rows
 with ``FOR UPDATE SKIP LOCKED`` (two workers claiming at once take disjoint
 rows) and replays them with the same rules as the SQLite journal. A stop
 expires the lease at once, so its pending rows are taken over without waiting.
-An expired owner is forgotten (:meth:`~PostgresJournal.sweep_owners`) once it
+An expired owner is forgotten (`sweep_owners`) once it
 owns no pending row.
 
 A broken connection (the server restarted or failed over) is replaced on the
@@ -188,7 +188,7 @@ class PostgresJournal(JournalBackend):
 
     def register(self) -> str:
         """Become a live owner: a new random token with a lease, renewed by a native thread until
-        :meth:`close`. Returns the token. A forked child does not inherit it."""
+        `close`. Returns the token. A forked child does not inherit it."""
         token = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(8)}"
         self._transaction(lambda db: db.execute(RENEW, (token, socket.gethostname(), os.getpid(), self.lease)))
         self.token = token
@@ -228,7 +228,7 @@ class PostgresJournal(JournalBackend):
             "SELECT 1 FROM zqsync_owners WHERE token = %s AND expires_at > now()", (token,)))
 
     def sweep_owners(self) -> int:
-        """Forget owners whose lease expired :data:`FORGET_AFTER` s ago and who own no pending row (and
+        """Forget owners whose lease expired `FORGET_AFTER` s ago and who own no pending row (and
         their probe rows); returns how many."""
         def sweep(db: psycopg.Connection) -> int:
             gone = db.execute(
@@ -244,7 +244,7 @@ class PostgresJournal(JournalBackend):
     # -- writes ------------------------------------------------------------
 
     def probe(self) -> None:
-        """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as :meth:`write_all`."""
+        """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as `write_all`."""
         self._transaction(lambda db: db.execute(
             "INSERT INTO zqsync_probes (owner, at) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE SET at = EXCLUDED.at",
             (self.token or "", time.time())))
@@ -252,7 +252,7 @@ class PostgresJournal(JournalBackend):
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """:meth:`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
+        """`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
 
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
@@ -296,7 +296,7 @@ class PostgresJournal(JournalBackend):
 
     @staticmethod
     def _answers(inserting: psycopg.Cursor, new: list[NewJob]) -> list[Optional[str]]:
-        """Per new job, ``None`` if ``inserting`` (the :data:`INSERT`) inserted it, else its row's state."""
+        """Per new job, ``None`` if ``inserting`` (the `INSERT`) inserted it, else its row's state."""
         inserted = {row[0] for row in inserting.fetchall()}
         answers: list[Optional[str]] = []
         for job in new:
@@ -310,7 +310,7 @@ class PostgresJournal(JournalBackend):
         return [None if job_id is None else str(states[job_id]) for job_id in answers]
 
     def claim(self, tasks: Sequence[str]) -> Claim:
-        """:meth:`JournalBackend.claim`: the pending rows of expired leases (or of no owner), taken with
+        """`JournalBackend.claim`: the pending rows of expired leases (or of no owner), taken with
         ``FOR UPDATE SKIP LOCKED`` so that workers claiming at once take disjoint rows."""
         assert self.token is not None, "register() first"
 
@@ -323,7 +323,7 @@ class PostgresJournal(JournalBackend):
         return self._transaction(claim)  # type: ignore[no-any-return]
 
     def take_replays(self, limit: int) -> list[Row]:
-        """:meth:`JournalBackend.take_replays`."""
+        """`JournalBackend.take_replays`."""
         rows = [Row(*row) for row in self._read(REPLAYS, (self.token, time.time(), limit))]
         return sorted(rows, key=lambda row: (row.running > 0, row.next_at, row.created_at))
 
@@ -331,14 +331,14 @@ class PostgresJournal(JournalBackend):
 
     def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
              limit: int = 1000, offset: int = 0) -> list[Row]:
-        """:meth:`JournalBackend.rows`."""
+        """`JournalBackend.rows`."""
         column = "id" if ids else "state"
         return [Row(*row) for row in self._read(
             f"{SELECT} WHERE {column} = ANY(%s) ORDER BY created_at, id LIMIT %s OFFSET %s",
             (list(ids) or list(states), limit, offset))]
 
     def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
-        """:meth:`JournalBackend.iter_rows`."""
+        """`JournalBackend.iter_rows`."""
         wanted = list(states)
         after: tuple[float, str] = (-1.0, "")
         while True:
@@ -351,12 +351,12 @@ class PostgresJournal(JournalBackend):
             after = (rows[-1].created_at, rows[-1].id)
 
     def counts(self) -> dict[str, int]:
-        """:meth:`JournalBackend.counts`."""
+        """`JournalBackend.counts`."""
         return {str(state): int(count) for state, count in self._read(
             "SELECT state, count(*) FROM zqsync_jobs GROUP BY state", ())}
 
     def cancel(self, job_id: str) -> bool:
-        """:meth:`JournalBackend.cancel` (a job running under an unexpired lease is left alone)."""
+        """`JournalBackend.cancel` (a job running under an unexpired lease is left alone)."""
         now = time.time()
 
         def cancel(db: psycopg.Connection) -> bool:
@@ -372,13 +372,13 @@ class PostgresJournal(JournalBackend):
         return bool(self._transaction(cancel))
 
     def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
-        """:meth:`JournalBackend.pending_split`."""
+        """`JournalBackend.pending_split`."""
         return [(owner, bool(running), bool(later), int(count)) for owner, running, later, count in self._read(
             "SELECT owner, running > 0, next_at > %s, count(*) FROM zqsync_jobs WHERE state = 'pending' GROUP BY 1, 2, 3",
             (now,))]
 
     def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
-        """:meth:`JournalBackend.requeue`."""
+        """`JournalBackend.requeue`."""
         now = time.time()
         unchanged, since = ("", ()) if as_of is None else (" AND updated_at <= %s", (as_of,))
         if all_dead:
@@ -388,7 +388,7 @@ class PostgresJournal(JournalBackend):
             f"{REQUEUE} WHERE id = ANY(%s) AND state <> 'pending'{unchanged}", (now, sorted(set(ids)), *since)).rowcount))
 
     def purge(self, states: Iterable[str], older_than: float) -> int:
-        """:meth:`JournalBackend.purge`."""
+        """`JournalBackend.purge`."""
         wanted = [state for state in states if state != "pending"]
         return int(self._transaction(lambda db: db.execute(
             "DELETE FROM zqsync_jobs WHERE state = ANY(%s) AND updated_at < %s",

@@ -2,9 +2,9 @@
 
 The journal keeps confirmed jobs; a plain job leaves no trace once it ends (unless its result is
 kept). So that the dashboard can list plain jobs too, each worker process keeps in memory the last
-:data:`PER_TASK` outcomes of every task it runs (one ring per task: a flood of one task never pushes
+`PER_TASK` outcomes of every task it runs (one ring per task: a flood of one task never pushes
 another's failures out), each a short summary: id, task, arguments and result as short reprs
-(at most :data:`TEXT` characters), the error's ``Type: message``, attempts and times. The tasks
+(at most `TEXT` characters), the error's ``Type: message``, attempts and times. The tasks
 are those of the registry, so the memory is bounded: ``PER_TASK`` × tasks outcomes of about 0.5 KB
 each for a small job and 1 KB with every text at its cap (ASCII; ``docs/dashboard.md`` has the
 measurement), lost with the process.
@@ -36,7 +36,7 @@ _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdi
 
 
 def _repr(value: Any) -> str:
-    """``repr(value)``, cut short as :mod:`reprlib` cuts it; the built-in ``repr`` for small scalars and
+    """``repr(value)``, cut short as `reprlib` cuts it; the built-in ``repr`` for small scalars and
     short strings (most arguments: it is several times faster, and this runs for every job)."""
     kind = type(value)
     if kind in (bool, float, type(None)) or (kind is int and -2**63 <= value < 2**63) or (
@@ -46,12 +46,12 @@ def _repr(value: Any) -> str:
 
 
 def short(value: Any) -> str:
-    """A repr of ``value`` of at most :data:`TEXT` characters."""
+    """A repr of ``value`` of at most `TEXT` characters."""
     return _repr(value)[:TEXT]
 
 
 def call_text(request: Request) -> str:
-    """``1, 'a', key=3``: a short text of a request's arguments (at most :data:`TEXT` characters; the
+    """``1, 'a', key=3``: a short text of a request's arguments (at most `TEXT` characters; the
     first five positional and five keyword arguments)."""
     parts = [_repr(value) for value in request.args[:5]] + (["..."] if len(request.args) > 5 else [])
     parts += [f"{key}={_repr(value)}" for key, value in itertools.islice(request.kwargs.items(), 5)]
@@ -74,14 +74,14 @@ class Outcome(NamedTuple):
 
 
 class Recent:
-    """The last :data:`PER_TASK` outcomes of each task in this process (see the module docstring)."""
+    """The last `PER_TASK` outcomes of each task in this process (see the module docstring)."""
 
     def __init__(self, per_task: int = PER_TASK) -> None:
         self.per_task = per_task
         self._rings: dict[str, collections.deque[Outcome]] = {}
 
     def add(self, outcome: Outcome) -> None:
-        """Remember ``outcome``; the task's oldest is dropped past :attr:`per_task`."""
+        """Remember ``outcome``; the task's oldest is dropped past `per_task`."""
         ring = self._rings.get(outcome.task)
         if ring is None:
             ring = self._rings[outcome.task] = collections.deque(maxlen=self.per_task)

@@ -6,7 +6,7 @@ formatted traceback) for a call, and a log line for a job. ``time_limit`` is
 enforced with a ``gevent.Timeout`` that only this module raises and swallows
 (any other timeout propagates) and, for tasks that never yield, by the
 watchdog's soft-limit signal (``watchdog.py``). ``soft_time_limit`` is a second
-``gevent.Timeout`` that raises :class:`~zqsync.errors.SoftTimeLimitExceeded` into the
+``gevent.Timeout`` that raises `SoftTimeLimitExceeded` into the
 task where it yields, handed to the watchdog too, which raises it where the task does
 not yield (whichever comes first; never both): the task may catch it and clean up.
 """
@@ -78,7 +78,7 @@ class Runner:
     :param confirm: handles ``confirm`` requests: ``confirm(request, task, answer)``
         returns at once and calls ``answer(reply frame)`` then or later, in the hub. ``None``: the worker has no journal, and
         confirmed jobs get an error reply saying how to enable them.
-    :param watchdog: enforces time limits on tasks that do not yield (:class:`TaskLimits`);
+    :param watchdog: enforces time limits on tasks that do not yield (`TaskLimits`);
         ``None``: only ``gevent.Timeout``, which needs a yield.
     :param remote_tracebacks: put a failed task's formatted traceback in its error reply;
         ``False``: type and message only (the traceback is then logged here, at INFO).
@@ -217,7 +217,7 @@ class Runner:
 
         Calls the middleware's ``on_retry`` or ``on_dead_letter`` after a failure.
 
-        :returns: ``(ok, value, delay)``: ``value`` as from :meth:`run`;
+        :returns: ``(ok, value, delay)``: ``value`` as from `run`;
             ``delay`` is the seconds before the next attempt, or ``None``
             when there is none (success, retries exhausted, or a failure that
             ``retry_on`` does not cover).
@@ -324,7 +324,7 @@ def unsendable(task: Task, exc: ProtocolError) -> ErrorInfo:
 
 def _reply(request_id: str, task: Task, ok: bool, value: Any) -> tuple[bytes, bool]:
     """A call's reply frame, and whether it is a success: a result that cannot be sent back is a
-    ``TypeError`` reply (:func:`unsendable`)."""
+    ``TypeError`` reply (`unsendable`)."""
     if ok:
         try:
             return envelope.encode_result(request_id, value), True

@@ -28,10 +28,10 @@
   timer, holding no task slot, then queues to run. A plain job waits so only while it finds a
   backlog place (``max_backlog``, shared with confirmed jobs), else in its slot: the worker then
   reads no more jobs, as when its slots are busy. A job past its expiry is not started.
-* Each attempt tells the :class:`~zqsync.worker.status.JobBook` when it starts
+* Each attempt tells the `JobBook` when it starts
   and how it ends (status, results, long-polls, cancel). A cancelled journaled
   job's start is refused by the journal; a cancelled running one ends in
-  :class:`~zqsync.worker.status.Cancelled`, recorded ``cancelled``.
+  `Cancelled`, recorded ``cancelled``.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def build_scheduler(
 ) -> "JobScheduler":
     """A scheduler with the journal at ``journal_url`` (``journal_api.open_journal``; opened and
     registered as a live owner), or without one if ``journal_url`` is ``None``. ``options`` go to
-    :class:`JobScheduler`.
+    `JobScheduler`.
 
     :raises ConfigurationError: a bad URL. :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
     """
@@ -93,7 +93,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
     :param keep_dead: seconds ``dead`` rows stay in the journal (the dead letters).
     :param replay_interval: seconds between claims and replays of dead owners' pending jobs.
     :param max_backlog: accepted or replayed confirmed jobs waiting for a slot; past it, the
-        acknowledgements of newly journaled jobs wait (:meth:`admit`), and replay does.
+        acknowledgements of newly journaled jobs wait (`admit`), and replay does.
     """
 
     def __init__(
@@ -158,7 +158,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
                 "delayed": len(self._timers)}
 
     def discard_plain_pending(self) -> int:
-        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
+        """Before `pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
 
         They are kept only in memory, so they are lost with the process; confirmed
         ones stay pending in the journal. Returns how many there are.

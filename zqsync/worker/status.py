@@ -7,7 +7,7 @@ Who knows a job's status (``docs/design.md``, "Job status and results"):
   for ``keep_done`` seconds after it finished (``keep_dead`` when dead-lettered);
 * a **plain** job: only if its task has ``store_result=True`` or the caller
   asked (``store_result=True`` on enqueue); then this process's memory keeps it,
-  at most :data:`MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
+  at most `MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
 * a job **running** here: this process's memory, which holds its greenlet (to cancel it).
 
 Every worker answers the ``zqsync.*`` admin calls below from what it holds;
@@ -99,7 +99,7 @@ class JobBook:
     def started(self, job_id: str, task: str, attempts: int, *, keep: bool, args: str = "",
                 confirmed: bool = False) -> None:
         """An attempt starts in the current greenlet; ``keep``: a plain job whose status is kept in memory;
-        ``args``: a short text of its arguments (:func:`.recent.call_text`)."""
+        ``args``: a short text of its arguments (`.recent.call_text`)."""
         now = time.time()
         self._running[job_id] = Running(gevent.getcurrent(), task, attempts, now, args, confirmed)
         if keep:
@@ -134,7 +134,7 @@ class JobBook:
         self._notify(job_id)
 
     def _remember(self, job_id: str, state: str, result: Any, error: Optional[tuple[str, str, str]], now: float) -> None:
-        """Add the outcome of the attempt that just ended to :attr:`recent`."""
+        """Add the outcome of the attempt that just ended to `recent`."""
         run = self._ended.pop(job_id, None) or self._running.pop(job_id, None)  # a cancel settles before stopped()
         if run is not None:
             self.recent.add(recent.Outcome(
@@ -176,12 +176,12 @@ class JobBook:
 
     def recent_jobs(self, task: Optional[str] = None, state: Optional[str] = None, since: Optional[float] = None,
                     until: Optional[float] = None, limit: int = 100) -> dict[str, Any]:
-        """``zqsync.recent``: the jobs running in this process and its recent outcomes (:mod:`.recent`).
+        """``zqsync.recent``: the jobs running in this process and its recent outcomes (`.recent`).
 
         :param task: only this task's. :param state: only outcomes in this state (``done``, ``failed``,
             ``dead``, ``cancelled``, ``scheduled``: a retry), or ``running`` for the running ones only.
         :param since: only outcomes finished at or after (epoch seconds). :param until: at or before.
-        :param limit: most outcomes (newest first), at most :data:`.recent.MAX_LIST`.
+        :param limit: most outcomes (newest first), at most `.recent.MAX_LIST`.
         :returns: ``{"now", "pid", "per_task", "running": [{"id", "task", "args", "attempts", "started_at",
             "runtime" (seconds), "confirmed"}], "finished": [{"id", "task", "state", "args", "result",
             "error", "attempts", "started_at", "finished_at", "runtime", "confirmed"}]}``.
@@ -218,8 +218,8 @@ class JobBook:
         return {**status, "worker": self.worker, "pid": os.getpid()}
 
     def result(self, job_id: str, timeout: float = 10.0) -> dict[str, Any]:
-        """``zqsync.result``: wait up to ``timeout`` seconds (at most :data:`MAX_WAIT`) for ``job_id`` to
-        finish, then return its status as :meth:`job` (finished or not). Blocks only the calling greenlet;
+        """``zqsync.result``: wait up to ``timeout`` seconds (at most `MAX_WAIT`) for ``job_id`` to
+        finish, then return its status as `job` (finished or not). Blocks only the calling greenlet;
         answers at once while the worker stops."""
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < float("inf"):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
@@ -246,7 +246,7 @@ class JobBook:
         A running task is interrupted where it next yields (``gevent.kill``; waits up to 5 s for it
         to end); a pending or scheduled one is marked ``cancelled`` and never starts.
 
-        :returns: the status as :meth:`job`, with ``"cancelled"``: whether this call cancelled it, and
+        :returns: the status as `job`, with ``"cancelled"``: whether this call cancelled it, and
             ``"reason"``: why not (``None`` if it did).
         """
         _check_id(job_id)

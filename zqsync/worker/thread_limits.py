@@ -2,14 +2,14 @@
 
 A worker's watchdog (``watchdog.py``) signals its own process, and ends it at the hard limit; a
 test process's signals and life belong to its test runner, and an eager task may run in any thread.
-:class:`ThreadLimits` instead asks the interpreter to raise an exception in the task's thread,
+`ThreadLimits` instead asks the interpreter to raise an exception in the task's thread,
 with CPython's ``PyThreadState_SetAsyncExc`` (called through ``ctypes``), from a native thread
 that sleeps until the limit:
 
 * at ``soft_time_limit``, unless the task's own ``gevent.Timeout`` for it already fired (it yields),
-  :class:`~zqsync.errors.SoftTimeLimitExceeded` (the task may catch it and clean up);
-* at ``time_limit``, the watchdog's :class:`~zqsync.worker.watchdog.SoftTimeLimit`, which the runner
-  turns into ``TimeLimitExceeded``, as on a worker; again every :data:`RESIGNAL` seconds while the
+  `SoftTimeLimitExceeded` (the task may catch it and clean up);
+* at ``time_limit``, the watchdog's `SoftTimeLimit`, which the runner
+  turns into ``TimeLimitExceeded``, as on a worker; again every `RESIGNAL` seconds while the
   task still runs (it may catch ``BaseException``).
 
 The exception is only ever raised inside the task: the thread is stopped (this thread holds the
@@ -41,7 +41,7 @@ _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 
 
 class _Limit:
-    """One running task's limits, watched by a native thread until :meth:`finish`."""
+    """One running task's limits, watched by a native thread until `finish`."""
 
     def __init__(self, name: str, code: Any, time_limit: Optional[float], notice: Any) -> None:
         self.name, self.code, self.notice = name, code, notice
@@ -107,7 +107,7 @@ def _soft_error(name: str, seconds: float) -> type:
 
 
 class ThreadLimits:
-    """The :class:`~zqsync.worker.runner.Runner`'s ``watchdog`` in eager mode (see the module docstring)."""
+    """The `Runner`'s ``watchdog`` in eager mode (see the module docstring)."""
 
     def __init__(self) -> None:
         self._running: list[Optional[_Limit]] = []
