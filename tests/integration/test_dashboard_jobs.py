@@ -130,7 +130,8 @@ def test_requeue_all_sent_twice_around_a_worker_restart_requeues_once(zq_inproce
     assert third["result"]["requeued"] == dead and third["did"] == f"requeued {dead} job(s)", third
 
 
-def test_recent_plain_jobs_running_ones_and_queue_depth(zq_inprocess, dashboard, tmp_path):
+def test_recent_plain_jobs_running_ones_and_queue_depth(zq_inprocess, dashboard, tmp_path, monkeypatch):
+    monkeypatch.setattr(recent, "SAMPLE_EVERY", 0.0)  # keep every success: the ring itself is under test
     queue = zqsync.settings.QueueSpec("slow", 1, "tcp://127.0.0.1:0")
     worker = zq_inprocess(job_tasks.registry, queues=(queue,))
     web, fleet = dashboard(worker.endpoint)
@@ -176,3 +177,22 @@ def test_recent_plain_jobs_running_ones_and_queue_depth(zq_inprocess, dashboard,
             worker.wait(lambda counters: counters["jobs_cancelled"] == 2)
     cancelled = _result(web, "/api/v1/recent?task=slow&state=cancelled")["finished"]
     assert [row["args"].split(", ")[1] for row in cancelled] == ["'waits'", "'held'"]
+
+
+def test_a_flood_keeps_a_sample_of_successes_counts_the_rest_and_every_failure(zq_inprocess, dashboard):
+    """Remembering every quick success cost a worker about 30 % of its plain-job rate: at most one per
+    task per `recent.SAMPLE_EVERY` is kept, the others are counted, and no failure is left out."""
+    worker = zq_inprocess(job_tasks.registry)
+    web, _ = dashboard(worker.endpoint)
+    flood = 3000
+    with zqsync.Client(worker.endpoint) as client:
+        for n in range(flood):
+            client.enqueue("add", n, 1)
+            if n % 100 == 0:
+                client.enqueue("boom", f"plain {n}")
+        worker.wait(lambda counters: counters["jobs_succeeded"] == flood and counters["jobs_failed"] == flood // 100)
+    answer = _result(web, "/api/v1/recent?limit=1000")
+    kept = [row for row in answer["finished"] if row["task"] == "add"]
+    failed = [row for row in answer["finished"] if row["state"] == "failed"]
+    assert 0 < len(kept) <= recent.PER_TASK and answer["unsampled"] > 0
+    assert len(failed) == flood // 100

@@ -4,7 +4,8 @@ The journal keeps confirmed jobs; a plain job leaves no trace once it ends (unle
 kept). So that the dashboard can list plain jobs too, each worker process keeps in memory the last
 `PER_TASK` outcomes of every task it runs (one ring per task: a flood of one task never pushes
 another's failures out), each a short summary: id, task, arguments and result as short reprs
-(at most `TEXT` characters), the error's ``Type: message``, attempts and times. The tasks
+(at most `TEXT` characters), the error's ``Type: message``, attempts and times. Under a flood
+only a sample of successes is kept (`SAMPLE_EVERY`), every failure is. The tasks
 are those of the registry, so the memory is bounded: ``PER_TASK`` × tasks outcomes of about 0.5 KB
 each for a small job and 1 KB with every text at its cap (ASCII; ``docs/dashboard.md`` has the
 measurement), lost with the process.
@@ -29,6 +30,10 @@ from ..wire.envelope import Request
 PER_TASK = 100
 #: Longest argument, result or error text kept, characters.
 TEXT = 200
+#: Seconds between two successes of one task that are remembered: a flood of quick jobs keeps a sample
+#: of at most 1,000 successes a second per task (formatting and keeping every one cost a worker about
+#: 30 % of its plain-job rate); every other outcome (failed, dead, cancelled, a retry) is kept.
+SAMPLE_EVERY = 0.001
 #: Most outcomes one ``zqsync.recent`` answer lists.
 MAX_LIST = 1000
 _SHORT = reprlib.Repr()
@@ -79,6 +84,20 @@ class Recent:
     def __init__(self, per_task: int = PER_TASK) -> None:
         self.per_task = per_task
         self._rings: dict[str, collections.deque[Outcome]] = {}
+        self._last_success: dict[str, float] = {}
+        #: successes not remembered (`SAMPLE_EVERY`)
+        self.unsampled = 0
+
+    def wants(self, task: str, state: str, now: float) -> bool:
+        """Whether to remember an outcome of ``task`` in ``state`` that ended at ``now`` (epoch seconds):
+        any but a success, and a success `SAMPLE_EVERY` seconds after the last remembered one."""
+        if state != "done":
+            return True
+        if now - self._last_success.get(task, 0.0) < SAMPLE_EVERY:
+            self.unsampled += 1
+            return False
+        self._last_success[task] = now
+        return True
 
     def add(self, outcome: Outcome) -> None:
         """Remember ``outcome``; the task's oldest is dropped past `per_task`."""
@@ -112,7 +131,7 @@ def check_filters(task: Any, state: Any, since: Any, until: Any, limit: Any) -> 
 
 def answer(recent: Recent, running: list[dict[str, Any]], task: Optional[str], state: Optional[str],
            since: Optional[float], until: Optional[float], limit: int) -> dict[str, Any]:
-    """The ``zqsync.recent`` answer: ``{"now", "pid", "per_task", "running", "finished"}``."""
+    """The ``zqsync.recent`` answer: ``{"now", "pid", "per_task", "unsampled", "running", "finished"}``."""
     check_filters(task, state, since, until, limit)
     now = time.time()
     running = [job for job in running if (task is None or job["task"] == task) and state in (None, "running")
@@ -120,5 +139,5 @@ def answer(recent: Recent, running: list[dict[str, Any]], task: Optional[str], s
     for job in running:
         job["runtime"] = now - job["started_at"]
     finished = [] if state == "running" else recent.finished(task, state, since, until, limit)
-    return {"now": now, "pid": os.getpid(), "per_task": recent.per_task, "running": running[:limit],
-            "finished": finished}
+    return {"now": now, "pid": os.getpid(), "per_task": recent.per_task, "unsampled": recent.unsampled,
+            "running": running[:limit], "finished": finished}

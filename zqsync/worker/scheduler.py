@@ -58,7 +58,6 @@ from .jobs import Confirm, Job
 from .journal_api import ALONE, SHARED, JournalBackend, Outcome, Start, open_journal
 from .pacing import Pacing, describe
 from .ratelimit import RateLimits
-from .recent import call_text
 from .replay import JournalReplay
 from .runner import ErrorInfo, Runner, unsendable
 from .status import Cancelled, JobBook
@@ -271,7 +270,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
         if job.durable and not job.counted and not self._count_start(job, attempts):
             return
         keep = not job.durable and (job.task.store_result or bool(job.request.options.get("store")))
-        self.book.started(job_id, job.task.name, attempts, keep=keep, args=call_text(job.request), confirmed=job.durable)
+        self.book.started(job_id, job.task.name, attempts, keep=keep, request=job.request, confirmed=job.durable)
         try:
             ok, value, delay = self.runner.run_job(job.task, job.request, attempts)
         except Cancelled:

@@ -56,8 +56,12 @@ class Running:
     task: str
     attempts: int
     started_at: float
-    args: str = ""
+    request: Optional[envelope.Request] = None  # its arguments, formatted only when listed (`.recent.call_text`)
     confirmed: bool = False
+
+
+def _args(run: Running) -> str:
+    return "" if run.request is None else recent.call_text(run.request)
 
 
 def _error(text: Optional[str], traceback: str = "") -> Optional[dict[str, str]]:
@@ -96,12 +100,12 @@ class JobBook:
 
     # -- the scheduler's side ----------------------------------------------
 
-    def started(self, job_id: str, task: str, attempts: int, *, keep: bool, args: str = "",
+    def started(self, job_id: str, task: str, attempts: int, *, keep: bool, request: Optional[envelope.Request] = None,
                 confirmed: bool = False) -> None:
         """An attempt starts in the current greenlet; ``keep``: a plain job whose status is kept in memory;
-        ``args``: a short text of its arguments (`.recent.call_text`)."""
+        ``request``: the job's request, whose arguments `zqsync.recent` lists."""
         now = time.time()
-        self._running[job_id] = Running(gevent.getcurrent(), task, attempts, now, args, confirmed)
+        self._running[job_id] = Running(gevent.getcurrent(), task, attempts, now, request, confirmed)
         if keep:
             status = self._kept.pop(job_id, None) or {"enqueued_at": now}
             self._keep(job_id, {**status, "task": task, "state": "running", "attempts": attempts, "started_at": now})
@@ -136,9 +140,9 @@ class JobBook:
     def _remember(self, job_id: str, state: str, result: Any, error: Optional[tuple[str, str, str]], now: float) -> None:
         """Add the outcome of the attempt that just ended to `recent`."""
         run = self._ended.pop(job_id, None) or self._running.pop(job_id, None)  # a cancel settles before stopped()
-        if run is not None:
+        if run is not None and self.recent.wants(run.task, state, now):
             self.recent.add(recent.Outcome(
-                job_id, run.task, state, run.args, recent.short(result) if state == "done" else None,
+                job_id, run.task, state, _args(run), recent.short(result) if state == "done" else None,
                 None if error is None else f"{error[0]}: {error[1]}"[:recent.TEXT], run.attempts, run.started_at, now,
                 run.confirmed))
 
@@ -187,7 +191,7 @@ class JobBook:
             "error", "attempts", "started_at", "finished_at", "runtime", "confirmed"}]}``.
         :raises ValueError: a filter of the wrong type.
         """
-        running = [{"id": job_id, "task": run.task, "args": run.args, "attempts": run.attempts,
+        running = [{"id": job_id, "task": run.task, "args": _args(run), "attempts": run.attempts,
                     "started_at": run.started_at, "confirmed": run.confirmed} for job_id, run in self._running.items()]
         return recent.answer(self.recent, running, task, state, since, until, limit)
 
