@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import zqsync
+from tests.helpers import slack
 from zqsync.testing import eager
 from zqsync.worker import Registry
 
@@ -183,7 +184,7 @@ def test_time_limits_hold_in_eager_mode_for_code_that_never_yields(fresh):
         spun_after = time.monotonic()
         while time.monotonic() < spun_after + 0.5:  # past the limit of the call that returned: no late error
             pass
-    assert took < 2.0, f"the 0.3 s limit stopped a 5 s loop only after {took:.2f} s"
+    assert took < slack(2.0), f"the 0.3 s limit stopped a 5 s loop only after {took:.2f} s"
     assert ran == [("cleaned up",)]
 
 

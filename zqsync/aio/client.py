@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Un
 import zmq
 
 from ..client import health
-from ..client.client import _task_name, job_request
+from ..client.client import _task_name, call_result, call_timeout, job_request
 from ..client.congestion import STATE as CONGESTION
 from ..client.congestion import CongestionControl
 from ..client.jobs import JobStatus
@@ -35,7 +35,7 @@ from ..client.lookups import remote_error_of
 from ..client.pool import SocketPool
 from ..client.rendezvous import FAILOVER_ATTEMPTS, Route
 from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, Unconfirmed
-from ..settings import ClientSettings, check_seconds
+from ..settings import ClientSettings
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
@@ -229,13 +229,10 @@ class AsyncClient:
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
-        if reply.ok:
-            return reply.result
-        self._counts["call_errors"] += 1
-        raise remote_error_of(reply)
+        return call_result(reply, self._counts)
 
     def _timeout(self, timeout: Optional[float]) -> float:
-        return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+        return call_timeout(self.settings, timeout)
 
     async def call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                       address: Optional[str] = None) -> envelope.Reply:

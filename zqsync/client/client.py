@@ -403,13 +403,10 @@ class Client:
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
-        if reply.ok:
-            return reply.result
-        self._counts["call_errors"] += 1
-        raise remote_error_of(reply)
+        return call_result(reply, self._counts)
 
     def _timeout(self, timeout: Optional[float]) -> float:
-        return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+        return call_timeout(self.settings, timeout)
 
     def _call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                  address: Optional[str] = None, multiplexed: bool = False) -> envelope.Reply:
@@ -633,6 +630,25 @@ def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, An
     if send_timeout is not None:
         send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
     return frame, job_id, confirm, send_timeout
+
+
+def call_timeout(settings: ClientSettings, timeout: Optional[float]) -> float:
+    """A call's deadline in seconds: ``timeout``, or the settings' ``call_timeout`` when ``None``.
+
+    :raises ConfigurationError: ``timeout`` is not a finite number above 0.
+    """
+    return settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+
+
+def call_result(reply: envelope.Reply, counts: dict[str, int]) -> Any:
+    """A call's ``reply`` as the task's return value (shared by the sync and asyncio clients).
+
+    :raises RemoteError: the task failed (the matching subclass); counted in ``counts["call_errors"]``.
+    """
+    if reply.ok:
+        return reply.result
+    counts["call_errors"] += 1
+    raise remote_error_of(reply)
 
 
 def _task_name(task: str) -> str:
