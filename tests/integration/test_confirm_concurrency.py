@@ -48,12 +48,14 @@ def test_confirms_from_one_hub_are_all_in_flight_at_once_with_the_default_pool_s
             senders = [gevent.spawn(client.enqueue_with_options, "t", args=(n,), confirm=True) for n in range(CONCURRENT)]
             gevent.joinall(senders, timeout=slack(10.0))
             outcomes = [sender.value if sender.successful() else repr(sender.exception) for sender in senders]
-            retries = client.stats()["confirm_retries"]
+            stats = client.stats()
+            retries = stats["confirm_retries"]
     finally:
         server.kill()
         rpc.close(linger=0)
         context.term()
-    assert seen["most_unanswered"] == CONCURRENT, f"at most {seen['most_unanswered']} confirms were in flight at once"
+    assert seen["most_unanswered"] == CONCURRENT, (
+        f"at most {seen['most_unanswered']} confirms were in flight at once; outcomes {outcomes[:3]}, client {stats}")
     assert retries == 0, f"{retries} confirms were sent again (after confirm_retry) before all were in flight"
     assert all(isinstance(job_id, str) and len(job_id) == 32 for job_id in outcomes), outcomes
     assert len(seen["routing_ids"]) == 1, "the hub's confirms came from more than one socket"
