@@ -21,16 +21,20 @@ gunicorn does. The table names the generator. Routes, interleaved in rounds
 in rotating order, each warmed up first so every web process has connected:
 
 * ``/enqueue``: one ``enqueue`` per request through the app's pooled client;
+* ``/call``: one ``call`` per request through the same client;
 * ``/health``: no zqsync at all, the baseline;
 * ``/enqueue-per-request``: one ``enqueue`` through a ``Client`` built and
   closed per request (a new context, socket and connection each time);
 * ``/``: an ``enqueue`` and a ``call`` per request (the demo's main job).
 
 Reported per route: requests per second (median round), latency p50 and p99,
-and the TCP connections the worker accepted on its jobs endpoint during the
-timed runs (the peer-side view of socket reuse); then pooled / per-request
-and pooled / baseline requests per second, and a check that no request
-failed. This is a benchmark, not a test: a missed target does not change the
+the web processes' CPU per request (user + system, every thread, so
+libzmq's I/O threads too: steady on a busy machine, where requests per
+second are not; a route's CPU minus ``/health``'s is what zqsync costs in
+place), and the TCP connections the worker accepted on its jobs endpoint
+during the timed runs (the peer-side view of socket reuse); then pooled /
+per-request, ``/enqueue`` / baseline and ``/call`` / baseline requests per
+second, and a check that no request failed. This is a benchmark, not a test: a missed target does not change the
 exit status.
 """
 
@@ -59,6 +63,7 @@ from benchmarks.harness import (
     Row,
     base_parser,
     checked,
+    cpu_seconds,
     describe,
     distribution,
     interleaved,
@@ -74,8 +79,8 @@ from zqsync.processes import GunicornProcess, WorkerProcess
 #: How to get what this scenario needs when it is missing.
 INSTALL_HINT = "pip install -e '.[web]' (gunicorn, flask); apt-get install -y wrk for the load"
 #: Routes measured, by short name.
-ROUTES = {"enqueue": "/enqueue", "no zqsync": "/health", "per-request Client": "/enqueue-per-request",
-          "enqueue + call": "/?n=1"}
+ROUTES = {"enqueue": "/enqueue", "call": "/call", "no zqsync": "/health",
+          "per-request Client": "/enqueue-per-request", "enqueue + call": "/?n=1"}
 #: wrk's keep-alive connections (one wrk thread), and the Python generator's threads.
 CONNECTIONS = 50
 PY_CONNECTIONS = 16
@@ -89,6 +94,8 @@ PLACEMENTS = {
 MIN_POOLED_OVER_PER_REQUEST = 1.0
 #: Target: requests/s with an enqueue per request over /health's (no zqsync at all).
 MIN_ENQUEUE_OVER_HEALTH = 0.85
+#: Target: requests/s with a call per request over /health's.
+MIN_CALL_OVER_HEALTH = 0.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +286,7 @@ def measure_gunicorn(settings: Settings, layout: str = "split", *, python: bool 
     kind = generator(python)
     loads: dict[str, list[Load]] = {name: [] for name in ROUTES}
     connections = dict.fromkeys(ROUTES, 0)
+    cpu: dict[str, list[float]] = {name: [] for name in ROUTES}
     with WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=["--log-level", "warning"]) as worker:
         web = GunicornProcess("zqsync.demo.webapp:app", config="python:zqsync.demo.gunicorn_conf",
                               workers=WEB_WORKERS, preload=True, env={"ZQSYNC_ENDPOINT": worker.endpoint})
@@ -289,13 +297,25 @@ def measure_gunicorn(settings: Settings, layout: str = "split", *, python: bool 
             with progress(settings.rounds * len(ROUTES), f"gunicorn ({kind})") as bar:
                 for name in interleaved(list(ROUTES), settings.rounds, bar):
                     before = settle(worker)
-                    loads[name].append(run_load(kind, web.url + ROUTES[name], settings.duration, cpus))
+                    used = -web_cpu(web)
+                    load = run_load(kind, web.url + ROUTES[name], settings.duration, cpus)
+                    used += web_cpu(web)
+                    loads[name].append(load)
+                    cpu[name].append(used / max(1, load.ok + load.failed) * 1e6)
                     connections[name] += settle(worker) - before
-    return gunicorn_rows(loads, connections, kind)
+    return gunicorn_rows(loads, connections, cpu, kind)
 
 
-def gunicorn_rows(loads: dict[str, list[Load]], connections: dict[str, int], kind: str) -> list[Row]:
-    """Requests/s, latency and new worker connections per route; the two ratios; the failed-request check."""
+def web_cpu(web: GunicornProcess) -> float:
+    """CPU seconds used so far by gunicorn's worker processes, every thread (libzmq's I/O threads too)."""
+    assert web.proc is not None
+    return sum(cpu_seconds(pid) for pid in children_of(web.proc.pid))
+
+
+def gunicorn_rows(loads: dict[str, list[Load]], connections: dict[str, int], cpu: dict[str, list[float]],
+                  kind: str) -> list[Row]:
+    """Requests/s, latency, the web processes' CPU and new worker connections per route; the ratios; the
+    failed-request check."""
     load = (f"wrk -t1 -c{CONNECTIONS}" if kind == "wrk" else f"Python load, {PY_CONNECTIONS} connections")
     mode = f"gunicorn -k gevent -w {WEB_WORKERS}"
     rates = {name: [one.rate for one in runs] for name, runs in loads.items()}
@@ -308,6 +328,8 @@ def gunicorn_rows(loads: dict[str, list[Load]], connections: dict[str, int], kin
         rows.append(Row(mode, f"{ROUTES[name]} ({name}): latency p50", statistics.median(one.p50 for one in runs),
                         "us", p99=statistics.median(one.p99 for one in runs), rounds=[one.p50 for one in runs],
                         quantiles=quantiles))
+        rows.append(Row(mode, f"{ROUTES[name]} ({name}): web processes' CPU per request (all threads)",
+                        statistics.median(cpu[name]), "us", rounds=cpu[name]))
         rows.append(Row(mode, f"{ROUTES[name]} ({name}): TCP connections the worker accepted on its jobs endpoint",
                         connections[name], "connections"))
         rows.append(Row(mode, f"{ROUTES[name]} ({name}): failed requests", sum(one.failed for one in runs), "requests"))
@@ -319,6 +341,9 @@ def gunicorn_rows(loads: dict[str, list[Load]], connections: dict[str, int], kin
         checked(mode, "/enqueue (pooled) / /health (no zqsync) requests/s (median)",
                 median["enqueue"] / median["no zqsync"], "x", ">=", MIN_ENQUEUE_OVER_HEALTH,
                 rounds=[a / b for a, b in zip(rates["enqueue"], rates["no zqsync"])]),
+        checked(mode, "/call (pooled) / /health (no zqsync) requests/s (median)",
+                median["call"] / median["no zqsync"], "x", ">=", MIN_CALL_OVER_HEALTH,
+                rounds=[a / b for a, b in zip(rates["call"], rates["no zqsync"])]),
         checked(mode, "failed requests (every route)", failed, "requests", "==", 0),
     ]
 

@@ -371,3 +371,29 @@ def test_literal_addresses_are_never_looked_up(zone, workers):
             time.sleep(0.01)
         assert client.stats()["endpoints"] == [f"tcp://{HOSTS[0]}:{port}"]
     assert zone.questions() == []
+
+
+def test_a_removed_address_loses_the_confirm_channel_too(zone, workers, tmp_path):
+    """Confirms travel on a multiplexed channel outside the pool (``waits.py``); once a worker leaves the
+    name, that channel is closed like the pooled sockets, so the removed worker sees every connection of this
+    client closed (before the fix the channel kept its connection to the removed worker open)."""
+    port, started = workers(3, journal=True)
+    zone.set(A={"workers.test": list(HOSTS)})
+    removed = started[2]
+    with zqsync.Client(f"tcp://workers.test:{port}", resolver=zone.resolver, resolve_interval=0.3) as client:
+        for n in range(30):
+            client.enqueue_with_options("note", args=(f"confirm-{n}",), confirm=True)
+        reaches(client, HOSTS)
+        wait_for(lambda: removed.stats()["connections_rpc"] >= 2, what="the confirm channel to reach the worker")
+        zone.set(A={"workers.test": list(HOSTS[:2])})
+        def dropped() -> bool:  # a request looks again once resolve_interval has passed, and drains
+            client.enqueue_with_options("note", args=("later",), confirm=True)
+            return len(client.stats()["endpoints"]) == 2
+
+        wait_for(dropped, what="the client to drop the removed address")
+        wait_for(lambda: _rpc_closed(removed.stats()), what="the removed worker's rpc connections to close")
+
+
+def _rpc_closed(stats: dict) -> bool:
+    """Every rpc connection closed but the one of the test's stats probe."""
+    return stats["disconnections_rpc"] == stats["connections_rpc"] - 1

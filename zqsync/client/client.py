@@ -167,6 +167,7 @@ class Client:
 
         self._jobs.drain(stale)
         self._dealer.drain(stale)
+        self._waits.drain(stale)
 
     def route(self, task: str) -> "Client":
         """The client that sends ``task``: this one, or the one of the route its name matches."""
@@ -399,7 +400,7 @@ class Client:
         timeout = self._timeout(timeout)
         self._counts["calls"] += 1
         try:
-            reply = self._call_at(_task_name(task), tuple(args), dict(kwargs or {}), timeout)
+            reply = self._call_at(_task_name(task), tuple(args), dict(kwargs or {}), timeout, multiplexed=True)
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise

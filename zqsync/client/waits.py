@@ -41,7 +41,7 @@ from __future__ import annotations
 import collections
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import zmq
 
@@ -54,6 +54,11 @@ from .pool import Address, SocketPool
 
 #: What `Channel.request` returns for a frame that did not leave within its ``send_within``.
 UNSENT = object()
+
+
+def _unnamed_error(reply: envelope.Reply) -> bool:
+    """An error reply naming no request id: the worker could not read the request it answers."""
+    return reply.id == "" and not reply.ok
 
 
 class Channel:
@@ -104,14 +109,16 @@ class Channel:
                 if data is None:
                     return None
                 reply = envelope.decode_reply(data)
-                if reply.id == request_id:
+                if reply.id == request_id or _unnamed_error(reply):  # one waiter: an error naming no id is ours
                     return reply
                 self.pool.note_stale_reply()  # an earlier request of this thread that gave up
         except zmq.ZMQError as exc:
-            self.close()
+            self.closed = True
             raise PoolError(f"the long-poll socket failed: {exc}") from exc
         finally:
             self._waiting.pop(request_id, None)
+            if self.closed:  # closed meanwhile from another thread (a drain, the client's close): ours to close
+                self._close_socket()
 
     def _green_request(self, frame: bytes, request_id: str, timeout: float,
                        send_within: float) -> Union[envelope.Reply, None, object]:
@@ -180,6 +187,8 @@ class Channel:
                 return
             reply = envelope.decode_reply(data)
             answer = self._waiting.get(reply.id)
+            if answer is None and _unnamed_error(reply) and len(self._waiting) == 1:
+                answer = next(iter(self._waiting.values()))  # the worker could not read the id: the one waiter's
             if answer is None:
                 self.pool.note_stale_reply()
             else:
@@ -200,9 +209,10 @@ class Channel:
 
     def close(self) -> None:
         """Close the socket now if no greenlet uses it, else when its reader ends (after its waiters'
-        deadlines at the latest). Safe from any thread: it wakes nothing in the owner's hub."""
+        deadlines at the latest). Safe from any thread: it wakes nothing in the owner's hub, and a thread's
+        request in progress closes the socket itself when it ends."""
         self.closed = True
-        if self._reader is None:
+        if not self.busy:
             self._close_socket()
 
     def _close_socket(self) -> None:
@@ -254,6 +264,16 @@ class Waits:
                 channel._close_socket()
             elif channel.closed:  # its socket is closed, or will be when its reader ends
                 del self._channels[key]
+
+    def drain(self, stale: Callable[[Address], bool]) -> None:
+        """Close the channels to every address for which ``stale(address)`` is true (their worker left the
+        discovered endpoints): idle ones now, busy ones when their last waiter is done."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return
+            channels = [self._channels.pop(key) for key in list(self._channels) if stale(key[1])]
+        for channel in channels:
+            channel.close()
 
     def close(self) -> None:
         """Close every channel of this process: now if idle, else when its reader ends."""

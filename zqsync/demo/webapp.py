@@ -43,6 +43,12 @@ def enqueue_only():
     return jsonify(job_id=client.enqueue("add", 1, 1), pid=os.getpid())
 
 
+@app.get("/call")
+def call_only():
+    """Call ``add`` once and answer with its result."""
+    return jsonify(result=client.call("add", 1, 1), pid=os.getpid())
+
+
 @app.get("/enqueue-per-request")
 def enqueue_per_request():
     """Enqueue one ``add`` job through a Client made for this request alone, then closed.
