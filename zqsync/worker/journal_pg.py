@@ -115,16 +115,16 @@ SELECT (SELECT count(*) FROM taken), (SELECT coalesce(array_agg(id ORDER BY id),
 """
 FOREIGN = f"SELECT task, count(*) FROM zqsync_jobs j WHERE {ORPHAN} AND NOT (j.task = ANY(%s)) GROUP BY task"
 OUTCOMES = ("UPDATE zqsync_jobs j SET state = o.state, attempts = o.attempts, next_at = o.next_at, error = o.error,"
-            " result = o.result, running = 0, updated_at = %s, finished_at = CASE WHEN o.state = 'pending' THEN NULL"
-            " ELSE %s END FROM unnest(%s::text[], %s::text[], %s::int[], %s::float8[], %s::text[], %s::bytea[])"
+            " result = o.result, running = 0, updated_at = %b, finished_at = CASE WHEN o.state = 'pending' THEN NULL"
+            " ELSE %b END FROM unnest(%b::text[], %b::text[], %b::int[], %b::float8[], %b::text[], %b::bytea[])"
             " AS o(id, state, attempts, next_at, error, result) WHERE j.id = o.id AND j.state <> 'cancelled'")
 STARTS = ("UPDATE zqsync_jobs j SET attempts = j.attempts + 1, running = s.running, next_at = s.retry_at,"
-          " updated_at = %s, started_at = %s FROM unnest(%s::text[], %s::smallint[], %s::float8[])"
+          " updated_at = %b, started_at = %b FROM unnest(%b::text[], %b::smallint[], %b::float8[])"
           " AS s(id, running, retry_at) WHERE j.id = s.id AND j.state = 'pending' RETURNING j.id")
 INSERT = ("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, created_at, updated_at, next_at, replay,"
-          " attempts, running, started_at) SELECT n.id, n.task, n.body, 'pending', %s, n.retries, %s, %s, n.next_at,"
-          " n.replay, n.attempts, n.running, n.started_at FROM unnest(%s::text[], %s::text[], %s::bytea[],"
-          " %s::int[], %s::float8[], %s::smallint[], %s::int[], %s::smallint[], %s::float8[])"
+          " attempts, running, started_at) SELECT n.id, n.task, n.body, 'pending', %b, n.retries, %b, %b, n.next_at,"
+          " n.replay, n.attempts, n.running, n.started_at FROM unnest(%b::text[], %b::text[], %b::bytea[],"
+          " %b::int[], %b::float8[], %b::smallint[], %b::int[], %b::smallint[], %b::float8[])"
           " AS n(id, task, body, retries, next_at, replay, attempts, running, started_at)"
           " ON CONFLICT (id) DO NOTHING RETURNING id")
 REPLAYS = (f"WITH due AS (SELECT id FROM zqsync_jobs WHERE state = 'pending' AND owner = %s AND replay = 1"
