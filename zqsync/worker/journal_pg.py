@@ -151,9 +151,13 @@ class PostgresJournal(JournalBackend):
             self._db.execute(SCHEMA)
 
     def _connect(self) -> psycopg.Connection:
+        """A new session. Every statement is planned for its own parameters (``force_custom_plan``): psycopg
+        prepares a statement on its 6th run, and the plan PostgreSQL then keeps for any parameters (a generic
+        plan, which knows neither the batch's size nor the table's growth since its statistics were taken)
+        joined a batch's arrays to the whole table, one sequential scan per batch."""
         db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.busy_timeout)),
                              application_name="zqsync")
-        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
+        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; SET plan_cache_mode = force_custom_plan")
         return db
 
     def _transaction(self, work: Callable[[psycopg.Connection], Any], atomic: bool = True) -> Any:
