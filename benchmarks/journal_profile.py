@@ -12,12 +12,15 @@ to size the share of the WAL flush). This process (``--greenlets`` greenlets sha
 enqueues, one default client per worker) runs on the first CPU, the workers on the last; the PostgreSQL
 server is not pinned. Variants are measured interleaved in rounds; every figure is a median of rounds.
 
+With ``--baseline DIR`` (another checkout, e.g. ``main``'s), a fifth worker runs that checkout's zqsync
+on PostgreSQL (``on``): the code before and after a change, side by side in the same rounds.
+
 Per variant: confirmed jobs/s; CPU per job of this process, of the worker (every thread) and of the
 PostgreSQL server (the postmaster and every child of it); and, from inside the worker (a
 ``sitecustomize`` wraps the journal's ``write_all``): the size of the batches committed (how many
 confirms, outcomes and starts each carried) and the seconds each took in the writer thread, so the commit
 time per batch and the jobs per commit give the floor a variant's throughput is held to. PostgreSQL
-variants add the commits per job and WAL flushes per job (``pg_stat_database``, ``pg_stat_wal``).
+variants add the jobs per commit and per WAL flush (``pg_stat_database``, ``pg_stat_wal``).
 """
 
 from gevent import monkey
@@ -76,6 +79,10 @@ if _path:
 '''
 
 
+#: The unit of each figure (``harness.number`` shows "x" with 3 decimals, the others with 1).
+UNITS = {"confirmed jobs/s": "jobs/s", "write_all per job": "x", "writer thread busy share of the round": "x"}
+
+
 class Batch(NamedTuple):
     confirms: int
     outcomes: int
@@ -94,15 +101,10 @@ class Variant(NamedTuple):
 
 def server_cpu(server: pgserver.Server) -> float:
     """CPU seconds of the PostgreSQL server so far: its postmaster and every live child."""
-    root = server.pid()
-    assert root is not None
-    total = cpu_seconds(root)
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            with contextlib.suppress(OSError):
-                with open(f"/proc/{name}/stat") as handle:
-                    if int(handle.read().rsplit(")", 1)[1].split()[1]) == root:
-                        total += cpu_seconds(int(name))
+    total = 0.0
+    for pid in server.pids():
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
     return total
 
 
@@ -125,29 +127,32 @@ def read_batches(path: str, skip: int) -> list[Batch]:
 
 
 @contextlib.contextmanager
-def variants(scratch: str, server: Optional[pgserver.Server]) -> Iterator[dict[str, Variant]]:
-    """The four workers (two without PostgreSQL), started; stopped by pid on the way out."""
+def variants(scratch: str, server: Optional[pgserver.Server], baseline: Optional[str]) -> Iterator[dict[str, Variant]]:
+    """The four workers (two without PostgreSQL), and with ``baseline`` a fifth, started; stopped by pid on
+    the way out."""
     shim = os.path.join(scratch, "shim")
     os.makedirs(shim)
     with open(os.path.join(shim, "sitecustomize.py"), "w") as handle:
         handle.write(SHIM)
-    kinds: dict[str, tuple[list[str], Optional[str]]] = {
-        "SQLite, synchronous=NORMAL": (["--state-dir", os.path.join(scratch, "normal")], None),
-        "SQLite, synchronous=FULL": (["--state-dir", os.path.join(scratch, "full"), "--journal-sync", "full"], None)}
+    kinds: dict[str, tuple[list[str], Optional[str], Optional[str]]] = {
+        "SQLite, synchronous=NORMAL": (["--state-dir", os.path.join(scratch, "normal")], None, None),
+        "SQLite, synchronous=FULL": (["--state-dir", os.path.join(scratch, "full"), "--journal-sync", "full"], None,
+                                     None)}
     if server is not None:
         import psycopg
 
-        for setting in ("on", "off"):
+        for setting, code in [("on", None), ("off", None), *([("on", baseline)] if baseline else [])]:
             url = server.database()
             with psycopg.connect(server.admin_url, autocommit=True) as admin:
                 admin.execute(f"ALTER DATABASE {url.rsplit('/', 1)[1]} SET synchronous_commit = {setting}")
-            kinds[f"PostgreSQL, synchronous_commit={setting}"] = (["--journal", url], url.rsplit("/", 1)[1])
+            name = f"PostgreSQL, synchronous_commit={setting}" + (f", zqsync of {code}" if code else "")
+            kinds[name] = (["--journal", url], url.rsplit("/", 1)[1], code)
     found: dict[str, Variant] = {}
     with contextlib.ExitStack() as stack:
-        for index, (name, (args, database)) in enumerate(kinds.items()):
+        for index, (name, (args, database, code)) in enumerate(kinds.items()):
             batches = os.path.join(scratch, f"batches-{index}")
             open(batches, "w").close()
-            path = os.pathsep.join([shim, os.environ.get("PYTHONPATH", REPO_ROOT)])
+            path = os.pathsep.join([shim, code or os.environ.get("PYTHONPATH", REPO_ROOT)])
             worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=args,
                                    env={"PYTHONPATH": path, "ZQSYNC_PROFILE_BATCHES": batches})
             stack.callback(worker.stop)
@@ -158,8 +163,8 @@ def variants(scratch: str, server: Optional[pgserver.Server]) -> Iterator[dict[s
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) > 1:
             pin(os.getpid(), {cpus[0]})
-            for variant in found.values():
-                pin(variant.worker.pid, {cpus[-1]})
+            for pid in [variant.worker.pid for variant in found.values()] + (server.pids() if server else []):
+                pin(pid, {cpus[-1]})  # the server on the workers' CPU, as in bench_rq (pg_journal.py)
         yield found
 
 
@@ -195,19 +200,19 @@ def measure(found: dict[str, Variant], server: Optional[pgserver.Server], args: 
             everything[name] += batches
             row = figures[name]
             row["confirmed jobs/s"].append(jobs / seconds)
-            row["client CPU per job, us"].append(client_cpu / jobs * 1e6)
-            row["worker CPU per job (sends and run), us"].append(worker_cpu / jobs * 1e6)
+            row["client CPU per job (us)"].append(client_cpu / jobs * 1e6)
+            row["worker CPU per job, every thread (us)"].append(worker_cpu / jobs * 1e6)
             with_confirms = [batch for batch in batches if batch.confirms]
             row["confirms per committed batch (mean)"].append(statistics.mean(b.confirms for b in with_confirms))
             row["write_all per job"].append(len(batches) / jobs)
-            row["write_all seconds, median, ms"].append(statistics.median(b.seconds for b in batches) * 1e3)
+            row["write_all time, median (ms)"].append(statistics.median(b.seconds for b in batches) * 1e3)
             row["writer thread busy share of the round"].append(sum(b.seconds for b in batches) / seconds)
             if pg_before is not None:
                 assert server is not None and variant.database is not None
                 after = pg_counters(server, variant.database)
-                row["server CPU per job, us"].append(pg_cpu / jobs * 1e6)
-                row["commits per job"].append((after[0] - pg_before[0]) / jobs)
-                row["WAL flushes per job"].append((after[1] - pg_before[1]) / jobs)
+                row["server CPU per job (us)"].append(pg_cpu / jobs * 1e6)
+                row["jobs per commit"].append(jobs / max(1, after[0] - pg_before[0]))
+                row["jobs per WAL flush"].append(jobs / max(1, after[1] - pg_before[1]))
     for name, batches in everything.items():
         sizes = collections.Counter(min(batch.confirms, 9) for batch in batches if batch.confirms)
         total = sum(sizes.values())
@@ -222,6 +227,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2000, help="confirmed jobs per round")
     parser.add_argument("--greenlets", type=int, default=50)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--baseline", metavar="DIR", help="also a PostgreSQL worker running the zqsync of DIR "
+                        "(a checkout, put first on its PYTHONPATH): before and after, side by side")
     args = parser.parse_args(argv)
     skipped = pgserver.unavailable()
     if skipped:
@@ -230,14 +237,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         server = None if skipped else pgserver.start()
         if server is not None:
             stack.callback(server.stop)
-        found = stack.enter_context(variants(scratch, server))
+        found = stack.enter_context(variants(scratch, server, args.baseline))
         figures = measure(found, server, args)
     base = statistics.median(figures["SQLite, synchronous=NORMAL"]["confirmed jobs/s"])
     rows = []
     for name, row in figures.items():
         for measure_name, values in row.items():
-            rows.append(Row(f"{args.greenlets} greenlets", f"{name}: {measure_name}", statistics.median(values), "",
-                            rounds=values))
+            rows.append(Row(f"{args.greenlets} greenlets", f"{name}: {measure_name}", statistics.median(values),
+                            UNITS.get(measure_name, ""), rounds=values))
         rows.append(Row(f"{args.greenlets} greenlets", f"{name} / SQLite NORMAL, jobs/s (medians)",
                         statistics.median(row["confirmed jobs/s"]) / base, "x"))
     print(render_table(rows, "split"))
