@@ -4,13 +4,16 @@
 Run from the repository root::
 
     python -m benchmarks.journal_profile [--rounds 7] [--jobs 2000] [--greenlets 50] [--json FILE]
+                                         [--baseline DIR] [--server-cpu worker|client]
 
 Four ``zqsync.demo.tasks`` workers run at once, each journaling differently: SQLite with
 ``--journal-sync normal`` (the default) and ``full``; PostgreSQL (``tests/pgserver.py``'s server, loopback)
 with ``synchronous_commit = on`` (the server's default) and ``off`` (set on that variant's database only,
 to size the share of the WAL flush). This process (``--greenlets`` greenlets sharing each round's confirmed
 enqueues, one default client per worker) runs on the first CPU, the workers on the last; the PostgreSQL
-server is not pinned. Variants are measured interleaved in rounds; every figure is a median of rounds.
+server runs on the workers' CPU too (``--server-cpu client``: on this process's). Variants are measured
+interleaved in rounds; every figure is a median of rounds. At the end the server's statistics of each
+database's ``zqsync_jobs`` (sequential scans, rows they read) are printed.
 
 With ``--baseline DIR`` (another checkout, e.g. ``main``'s), a fifth worker runs that checkout's zqsync
 on PostgreSQL (``on``): the code before and after a change, side by side in the same rounds.
@@ -20,7 +23,8 @@ PostgreSQL server (the postmaster and every child of it); and, from inside the w
 ``sitecustomize`` wraps the journal's ``write_all``): the size of the batches committed (how many
 confirms, outcomes and starts each carried) and the seconds each took in the writer thread, so the commit
 time per batch and the jobs per commit give the floor a variant's throughput is held to. PostgreSQL
-variants add the jobs per commit and per WAL flush (``pg_stat_database``, ``pg_stat_wal``).
+variants add the server's CPU per job. Each ``write_all`` is one transaction (one WAL flush with
+``synchronous_commit = on``).
 """
 
 from gevent import monkey
@@ -108,15 +112,14 @@ def server_cpu(server: pgserver.Server) -> float:
     return total
 
 
-def pg_counters(server: pgserver.Server, database: str) -> tuple[int, int]:
-    """Commits in ``database`` and WAL flushes of the whole server so far."""
+def table_scans(server: pgserver.Server, database: str) -> str:
+    """What the server's statistics say of ``database``'s ``zqsync_jobs`` (they lag up to a second or so)."""
     import psycopg
 
-    with psycopg.connect(server.admin_url, autocommit=True) as admin:
-        row = admin.execute("SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = %s),"
-                            " (SELECT wal_sync FROM pg_stat_wal)", (database,)).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+    with psycopg.connect(server.local(server.url.rsplit("/", 1)[0] + "/" + database), autocommit=True) as db:
+        row = db.execute("SELECT n_live_tup, seq_scan, seq_tup_read, idx_scan, autoanalyze_count FROM"
+                         " pg_stat_user_tables WHERE relname = 'zqsync_jobs'").fetchone()
+    return "live rows {}, sequential scans {} reading {} rows, index scans {}, autoanalyzes {}".format(*row or ())
 
 
 def read_batches(path: str, skip: int) -> list[Batch]:
@@ -127,7 +130,8 @@ def read_batches(path: str, skip: int) -> list[Batch]:
 
 
 @contextlib.contextmanager
-def variants(scratch: str, server: Optional[pgserver.Server], baseline: Optional[str]) -> Iterator[dict[str, Variant]]:
+def variants(scratch: str, server: Optional[pgserver.Server], baseline: Optional[str], server_cpu_of: str
+             ) -> Iterator[dict[str, Variant]]:
     """The four workers (two without PostgreSQL), and with ``baseline`` a fifth, started; stopped by pid on
     the way out."""
     shim = os.path.join(scratch, "shim")
@@ -163,8 +167,10 @@ def variants(scratch: str, server: Optional[pgserver.Server], baseline: Optional
         cpus = sorted(os.sched_getaffinity(0))
         if len(cpus) > 1:
             pin(os.getpid(), {cpus[0]})
-            for pid in [variant.worker.pid for variant in found.values()] + (server.pids() if server else []):
-                pin(pid, {cpus[-1]})  # the server on the workers' CPU, as in bench_rq (pg_journal.py)
+            for variant in found.values():
+                pin(variant.worker.pid, {cpus[-1]})
+            for pid in server.pids() if server else []:  # on the workers' CPU by default, as in bench_rq
+                pin(pid, {cpus[0] if server_cpu_of == "client" else cpus[-1]})
         yield found
 
 
@@ -187,7 +193,6 @@ def measure(found: dict[str, Variant], server: Optional[pgserver.Server], args: 
     with progress(args.rounds * len(found), "rounds") as bar:
         for name in interleaved(list(found), args.rounds, bar):
             variant, jobs = found[name], args.jobs
-            pg_before = pg_counters(server, variant.database) if server and variant.database else None
             cpu_before = (cpu_seconds(os.getpid()), cpu_seconds(variant.worker.pid),
                           server_cpu(server) if server else 0.0)
             seconds = time_batch(confirm(variant.client), jobs, args.greenlets)
@@ -207,12 +212,11 @@ def measure(found: dict[str, Variant], server: Optional[pgserver.Server], args: 
             row["write_all per job"].append(len(batches) / jobs)
             row["write_all time, median (ms)"].append(statistics.median(b.seconds for b in batches) * 1e3)
             row["writer thread busy share of the round"].append(sum(b.seconds for b in batches) / seconds)
-            if pg_before is not None:
-                assert server is not None and variant.database is not None
-                after = pg_counters(server, variant.database)
+            if variant.database is not None:
                 row["server CPU per job (us)"].append(pg_cpu / jobs * 1e6)
-                row["jobs per commit"].append(jobs / max(1, after[0] - pg_before[0]))
-                row["jobs per WAL flush"].append(jobs / max(1, after[1] - pg_before[1]))
+    for name, variant in found.items():
+        if server is not None and variant.database is not None:
+            print(f"{name}: zqsync_jobs {table_scans(server, variant.database)}", file=sys.stderr)
     for name, batches in everything.items():
         sizes = collections.Counter(min(batch.confirms, 9) for batch in batches if batch.confirms)
         total = sum(sizes.values())
@@ -227,6 +231,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2000, help="confirmed jobs per round")
     parser.add_argument("--greenlets", type=int, default=50)
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--server-cpu", choices=["worker", "client"], default="worker",
+                        help="the CPU the PostgreSQL server is pinned to (default: the workers', as in bench_rq)")
     parser.add_argument("--baseline", metavar="DIR", help="also a PostgreSQL worker running the zqsync of DIR "
                         "(a checkout, put first on its PYTHONPATH): before and after, side by side")
     args = parser.parse_args(argv)
@@ -237,7 +243,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         server = None if skipped else pgserver.start()
         if server is not None:
             stack.callback(server.stop)
-        found = stack.enter_context(variants(scratch, server, args.baseline))
+        found = stack.enter_context(variants(scratch, server, args.baseline, args.server_cpu))
         figures = measure(found, server, args)
     base = statistics.median(figures["SQLite, synchronous=NORMAL"]["confirmed jobs/s"])
     rows = []
