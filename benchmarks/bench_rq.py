@@ -310,9 +310,8 @@ def zqsync_variants(worker: WorkerProcess, settings: Settings, callers: int) -> 
 @contextlib.contextmanager
 def postgresql_variant(settings: Settings, layout: str) -> Iterator[Variant]:
     """``zqsync confirmed`` to a worker whose journal is PostgreSQL (``benchmarks/pg_journal.py``),
-    placed like the SQLite one."""
-    with pg_journal.running_worker() as worker, placed(worker, layout), \
-            contextlib.closing(zqsync.Client(worker.endpoint)) as client:
+    placed like the SQLite one, the server on the worker's CPUs."""
+    with pg_journal.running_worker(layout) as worker, contextlib.closing(zqsync.Client(worker.endpoint)) as client:
         yield confirmed_variant(client, settings, WorkerIdle(worker))
 
 

@@ -118,6 +118,21 @@ class Server:
         except (OSError, ValueError):
             return None
 
+    def pids(self) -> list[int]:
+        """The postmaster's pid and those of its live children (backends, WAL writer, ...); empty if it is down."""
+        root = self.pid()
+        if root is None:
+            return []
+        children = []
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    if name.isdigit() and int(stat.read().rsplit(")", 1)[1].split()[1]) == root:
+                        children.append(int(name))
+            except (OSError, ValueError, IndexError):
+                continue  # not a process, or one that ended meanwhile
+        return [root, *children]
+
     def database(self) -> str:
         """A new, empty database; returns its URL."""
         import psycopg

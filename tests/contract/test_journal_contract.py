@@ -102,6 +102,30 @@ def test_attempts_are_counted_before_the_run_and_outcomes_after(backend):
     assert row.finished_at is not None
 
 
+def test_one_batch_of_every_kind_inserts_finishes_and_counts_each_its_own_row(backend):
+    journal = backend.owner()
+    journal.write([("finishing", "t", b"", 0), ("starting", "t", b"", 0), ("gone", "t", b"", 0)])
+    journal.write(outcomes=[Outcome("gone", "done", 1, 0.0, None, b"")])
+    assert journal.write_all([("new", "t", b"n", 0), ("finishing", "t", b"", 0)],
+                             [Outcome("finishing", "done", 1, 0.0, None, b"r")],
+                             [Start("starting", SHARED, 5.0), Start("gone", SHARED, 5.0)]) == ([None, "done"], {"gone"})
+    rows = {row.id: row for row in journal.rows(("pending", "done"))}
+    assert {name: (row.state, row.attempts, row.running) for name, row in rows.items()} == {
+        "new": ("pending", 0, 0), "finishing": ("done", 1, 0), "starting": ("pending", 1, SHARED),
+        "gone": ("done", 1, 0)}
+
+
+def test_an_outcome_and_the_next_attempt_of_one_job_in_one_batch_apply_in_that_order(backend):
+    journal = backend.owner()
+    journal.write([("j", "t", b"", 2)])
+    journal.write(starts=[Start("j", SHARED, 0.0)])
+    assert journal.write_all(outcomes=[Outcome("j", "pending", 1, 0.0, "ValueError: once")],
+                             starts=[Start("j", SHARED, 99.0)]) == ([], set())
+    row = journal.rows(ids=["j"])[0]
+    assert (row.state, row.attempts, row.running, row.next_at, row.error) == (
+        "pending", 2, SHARED, 99.0, "ValueError: once")
+
+
 def test_a_retry_waits_for_its_backoff_and_then_dead_letters_after_its_retries(backend):
     dead, me = backend.owner(), backend.owner()
     dead.write([("later", "t", b"", 2), ("now", "t", b"", 2)])

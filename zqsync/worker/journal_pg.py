@@ -45,17 +45,15 @@ from .journal_api import (
     CANCELLED,
     DIED,
     FIELDS,
-    OUTCOME_COLUMNS,
-    SHARED,
     Claim,
     Join,
     JournalBackend,
-    NewJob,
     Outcome,
     Row,
     Start,
     joined,
 )
+from .journal_pg_batch import Batch
 
 log = logging.getLogger(__name__)
 
@@ -114,19 +112,6 @@ taken AS (
 SELECT (SELECT count(*) FROM taken), (SELECT coalesce(array_agg(id ORDER BY id), '{{}}') FROM died)
 """
 FOREIGN = f"SELECT task, count(*) FROM zqsync_jobs j WHERE {ORPHAN} AND NOT (j.task = ANY(%s)) GROUP BY task"
-OUTCOMES = ("UPDATE zqsync_jobs j SET state = o.state, attempts = o.attempts, next_at = o.next_at, error = o.error,"
-            " result = o.result, running = 0, updated_at = %s, finished_at = CASE WHEN o.state = 'pending' THEN NULL"
-            " ELSE %s END FROM unnest(%s::text[], %s::text[], %s::int[], %s::float8[], %s::text[], %s::bytea[])"
-            " AS o(id, state, attempts, next_at, error, result) WHERE j.id = o.id AND j.state <> 'cancelled'")
-STARTS = ("UPDATE zqsync_jobs j SET attempts = j.attempts + 1, running = s.running, next_at = s.retry_at,"
-          " updated_at = %s, started_at = %s FROM unnest(%s::text[], %s::smallint[], %s::float8[])"
-          " AS s(id, running, retry_at) WHERE j.id = s.id AND j.state = 'pending' RETURNING j.id")
-INSERT = ("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, created_at, updated_at, next_at, replay,"
-          " attempts, running, started_at) SELECT n.id, n.task, n.body, 'pending', %s, n.retries, %s, %s, n.next_at,"
-          " n.replay, n.attempts, n.running, n.started_at FROM unnest(%s::text[], %s::text[], %s::bytea[],"
-          " %s::int[], %s::float8[], %s::smallint[], %s::int[], %s::smallint[], %s::float8[])"
-          " AS n(id, task, body, retries, next_at, replay, attempts, running, started_at)"
-          " ON CONFLICT (id) DO NOTHING RETURNING id")
 REPLAYS = (f"WITH due AS (SELECT id FROM zqsync_jobs WHERE state = 'pending' AND owner = %s AND replay = 1"
            f" AND next_at <= %s ORDER BY running > 0, next_at, created_at LIMIT %s FOR UPDATE SKIP LOCKED)"
            f" UPDATE zqsync_jobs j SET replay = 0 FROM due WHERE j.id = due.id"
@@ -166,18 +151,25 @@ class PostgresJournal(JournalBackend):
             self._db.execute(SCHEMA)
 
     def _connect(self) -> psycopg.Connection:
+        """A new session. Every statement is planned for its own parameters (``force_custom_plan``): psycopg
+        prepares a statement on its 6th run, and the plan PostgreSQL then keeps for any parameters (a generic
+        plan, which knows neither the batch's size nor the table's growth since its statistics were taken)
+        joined a batch's arrays to the whole table, one sequential scan per batch."""
         db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.busy_timeout)),
                              application_name="zqsync")
-        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
+        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; SET plan_cache_mode = force_custom_plan")
         return db
 
-    def _transaction(self, work: Callable[[psycopg.Connection], Any]) -> Any:
-        """``work(connection)`` in one transaction, under the lock (a broken connection replaced first)."""
+    def _transaction(self, work: Callable[[psycopg.Connection], Any], atomic: bool = True) -> Any:
+        """``work(connection)`` in one transaction (or, not ``atomic``, in autocommit: each statement its own
+        transaction), under the lock (a broken connection replaced first)."""
         if os.getpid() != self._pid:
             raise RuntimeError("this PostgreSQL journal connection belongs to the process that opened it")
         with self._lock:
             if self._db.closed or self._db.broken:
                 self._db = self._connect()
+            if not atomic:
+                return work(self._db)
             with self._db.transaction():
                 return work(self._db)
 
@@ -252,35 +244,24 @@ class PostgresJournal(JournalBackend):
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
+        """`JournalBackend.write_all` in one PostgreSQL transaction: most often one statement
+        (``journal_pg_batch.py``).
 
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
-        now = time.time()
-        new, done, begun = [NewJob(*job) for job in jobs], list({o.id: o for o in outcomes}.values()), list(starts)
-        joins = sorted({o.join.key: o.join for o in done if o.join is not None}.items())
+        batch = Batch(self.token, jobs, outcomes, starts)
 
-        def apply(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
-            with db.cursor() as starting, db.cursor() as inserting:
-                if done:  # one statement, so the last outcome of an id wins
-                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in OUTCOME_COLUMNS)))
-                if begun:
-                    starting.execute(STARTS, (now, now, [s.id for s in begun], [s.running for s in begun],
-                                              [s.retry_at for s in begun]))
-                if new:
-                    started = [job.retry_at > 0 for job in new]
-                    inserting.execute(INSERT, (
-                        self.token, now, now, [job.id for job in new], [job.task for job in new],
-                        [job.body for job in new], [job.retries for job in new],
-                        [job.retry_at if go else job.due for job, go in zip(new, started)],
-                        [int(job.due > 0) for job in new], [int(go) for go in started],
-                        [SHARED if go else 0 for go in started], [now if go else None for go in started]))
-                for _, join in joins:
-                    self._join(db, join, now)
-                refused = {s.id for s in begun} - {row[0] for row in starting.fetchall()} if begun else set()
-                return (self._answers(inserting, new) if new else []), refused
+        def at_once(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
+            inserted, counted = batch.at_once_rows(db)
+            return batch.answers(db, inserted), batch.started - counted
 
-        return self._transaction(apply)
+        def in_steps(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
+            inserted, counted = batch.in_steps(db)
+            for join in batch.joins:
+                self._join(db, join, batch.now)
+            return batch.answers(db, inserted), batch.started - counted
+
+        return self._transaction(at_once, atomic=False) if batch.at_once else self._transaction(in_steps)
 
     @staticmethod
     def _join(db: psycopg.Connection, join: Join, now: float) -> None:
@@ -293,21 +274,6 @@ class PostgresJournal(JournalBackend):
             db.execute("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, created_at, updated_at, next_at)"
                        " VALUES (%s, %s, %s, 'pending', NULL, %s, %s, %s, 0) ON CONFLICT (id) DO NOTHING",
                        (job.id, job.task, job.body, job.retries, now, now))
-
-    @staticmethod
-    def _answers(inserting: psycopg.Cursor, new: list[NewJob]) -> list[Optional[str]]:
-        """Per new job, ``None`` if ``inserting`` (the `INSERT`) inserted it, else its row's state."""
-        inserted = {row[0] for row in inserting.fetchall()}
-        answers: list[Optional[str]] = []
-        for job in new:
-            answers.append(None if job.id in inserted else job.id)
-            inserted.discard(job.id)  # a second copy in the same batch is a duplicate of the first
-        known = [job_id for job_id in answers if job_id is not None]
-        if not known:
-            return answers
-        states: dict[str, str] = dict(inserting.execute("SELECT id, state FROM zqsync_jobs WHERE id = ANY(%s)",
-                                                        (known,)).fetchall())
-        return [None if job_id is None else str(states[job_id]) for job_id in answers]
 
     def claim(self, tasks: Sequence[str]) -> Claim:
         """`JournalBackend.claim`: the pending rows of expired leases (or of no owner), taken with
