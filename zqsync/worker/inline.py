@@ -9,6 +9,11 @@ same socket may consume the edge that announced new input, so every sender
 calls `Reader.kick` after its send, which wakes a parked reader to
 read again.
 
+`Reader.reply` sends a reply at the C level too: one call of the backend's
+``send`` per frame (``zmq.backend.Socket.send``), past pyzmq's Python
+``Socket.send`` and ``send_multipart``, whose per-frame type checks cost
+more than the sends themselves (2.1 against 0.4 us for a two-frame reply).
+
 `run_inline` runs one task in the receiving greenlet itself, holding
 a slot of the task pool, so a task that finishes without yielding costs no
 greenlet spawn. If the task yields to the hub (it waits on I/O, sleeps, or
@@ -34,12 +39,17 @@ from gevent.hub import Waiter
 READ = 1
 #: Messages a reader takes in a row (each maybe run inline) before it lets the hub run.
 YIELD_EVERY = 64
+#: The backend's C-level send of one frame: ``_send(socket, frame, flags)`` (pyzmq's sugar ``Socket``
+#: subclasses it).
+_send = zmq.backend.Socket.send
+#: Flags of every frame but a message's last, and of its last.
+_MORE, _LAST = zmq.SNDMORE | zmq.NOBLOCK, zmq.NOBLOCK
 
 
 class Reader:
     """C-level reads of ``sock`` (a ``zmq.green`` or plain socket) for one greenlet at a time.
 
-    :param sock: the socket to read; its other users send with `send_multipart`
+    :param sock: the socket to read; its other users send with `reply`
         (or call `kick` after their own sends).
     """
 
@@ -80,15 +90,21 @@ class Reader:
             self._streak = 0
             gevent.sleep(0)
 
-    def send_multipart(self, frames: list[bytes]) -> None:
-        """C-level ``NOBLOCK`` send, then wake the reader.
+    def reply(self, envelope: list[bytes], body: bytes) -> None:
+        """Send one message, the frames of ``envelope`` then ``body``, with C-level ``NOBLOCK``
+        sends (module docstring); then wake the reader. Never blocks.
 
-        :raises zmq.Again: the peer's queue is full. :raises zmq.ZMQError: the socket is closed.
+        :raises zmq.Again: the peer's queue is full (only a ``ZMQ_ROUTER_MANDATORY`` ROUTER says so, on
+            the first frame, before anything is queued; without it libzmq drops the message unsaid).
+        :raises zmq.ZMQError: the socket is closed.
         """
         if self.sock.closed:  # the shadow must never touch a freed socket
             raise zmq.ZMQError(zmq.ENOTSOCK)
+        raw = self.raw
         try:
-            self.raw.send_multipart(frames, zmq.NOBLOCK)
+            for frame in envelope:
+                _send(raw, frame, _MORE)
+            _send(raw, body, _LAST)
         finally:
             self.kick()
 
