@@ -65,14 +65,15 @@ def test_a_parked_reader_reads_a_request_whose_announcement_a_reply_s_send_consu
 
 def test_replies_sent_together_beside_a_parked_reader_all_arrive_in_order_and_it_reads_on(pair):
     reader, dealer = pair
-    parked = gevent.spawn(reader.recv_multipart)
-    gevent.sleep(0)
-    dealer.send(b"request")
-    consume_the_announcement(reader)
-    for n in range(5):  # one hub iteration, several replies: the reader is looked at once, after them
-        reader.reply([PEER], b"answer %d" % n)
-    parked.join(slack(5.0))
-    assert parked.ready(), "the parked reader never woke for the request"
-    assert parked.get() == [PEER, b"request"]
-    with gevent.Timeout(slack(10.0)):
-        assert [dealer.recv() for _ in range(5)] == [b"answer %d" % n for n in range(5)]
+    for turn in range(3):  # each time the reader parks again, a new announcement may be consumed
+        parked = gevent.spawn(reader.recv_multipart)
+        gevent.sleep(0)
+        dealer.send(b"request %d" % turn)
+        consume_the_announcement(reader)
+        for n in range(5):  # one hub iteration, several replies: the reader is looked at once, after them
+            reader.reply([PEER], b"answer %d.%d" % (turn, n))
+        parked.join(slack(5.0))
+        assert parked.ready(), f"the parked reader never woke for request {turn}"
+        assert parked.get() == [PEER, b"request %d" % turn]
+        with gevent.Timeout(slack(10.0)):
+            assert [dealer.recv() for _ in range(5)] == [b"answer %d.%d" % (turn, n) for n in range(5)]
