@@ -199,6 +199,6 @@ class Receiving(Core):
     def _reply(self, envelope: list[bytes], reply: bytes) -> None:
         self._replied_at = time.monotonic()
         try:
-            self._readers[1].send_multipart([*envelope, reply])
+            self._readers[1].reply(envelope, reply)
         except zmq.Again:
             log.warning("dropped a reply: client %r is not reading", envelope[-1])
