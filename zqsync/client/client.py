@@ -400,7 +400,7 @@ class Client:
         timeout = self._timeout(timeout)
         self._counts["calls"] += 1
         try:
-            reply = self._call_at(_task_name(task), tuple(args), dict(kwargs or {}), timeout, multiplexed=True)
+            reply = self._call_at(_task_name(task), tuple(args), dict(kwargs or {}), timeout)
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
