@@ -59,7 +59,9 @@ class Worker(Receiving, Shutdown):
         stopping it. Checked every second.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
         binding (set by the prefork supervisor): the worker's intake is then a
-        :class:`~zqsync.worker.intake.SupervisedIntake`, else a :class:`~zqsync.worker.intake.StandaloneIntake`.
+        :class:`~zqsync.worker.intake.SupervisedIntake`; a
+        :class:`~zqsync.worker.listeners.DirectBackend` (a direct-mode supervisor's child): a
+        :class:`~zqsync.worker.direct.DirectIntake`; else a :class:`~zqsync.worker.intake.StandaloneIntake`.
     :param overrides: :class:`~zqsync.settings.WorkerSettings` fields that
         replace those of ``settings`` (``Worker(registry, concurrency=4)``).
     :raises ConfigurationError: an unknown or invalid setting, naming it.
