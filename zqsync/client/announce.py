@@ -68,13 +68,21 @@ class Expansion:
     def __init__(self, announce: Announce) -> None:
         self._announce = announce
         self._known: dict[str, tuple[str, ...]] = {}
+        self._asking: set[str] = set()  # endpoints asked now, by another greenlet or thread
 
     def expand(self, endpoints: tuple[str, ...]) -> tuple[str, ...]:
         """Each endpoint's announced slots, or the endpoint itself (module docstring). Blocks for the asking."""
         return tuple(slot for endpoint in endpoints for slot in self._slots(endpoint))
 
     def _slots(self, endpoint: str) -> tuple[str, ...]:
-        answer = self._announce(endpoint)
-        if answer is not None:
-            self._known[endpoint] = answer
+        """What ``endpoint`` announces; while another caller asks it, what it announced last (or itself):
+        a burst of first requests asks once, not once per request."""
+        if endpoint not in self._asking:
+            self._asking.add(endpoint)
+            try:
+                answer = self._announce(endpoint)
+            finally:
+                self._asking.discard(endpoint)
+            if answer is not None:
+                self._known[endpoint] = answer
         return self._known.get(endpoint) or (endpoint,)
