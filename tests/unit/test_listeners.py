@@ -7,8 +7,8 @@ import socket
 import pytest
 
 import zqsync
-from zqsync.worker import Registry
 from zqsync.errors import ConfigurationError
+from zqsync.worker import Registry
 from zqsync.worker.listeners import Listeners
 
 
