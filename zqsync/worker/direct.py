@@ -11,6 +11,7 @@ endpoint per child (``client/announce.py``).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import zmq
@@ -61,7 +62,12 @@ class DirectIntake(StandaloneIntake):
         return {"zqsync.endpoints": lambda: {"slots": list(self.backend.slots)}}
 
     def stop_taking_jobs(self, keep: Keep) -> str:
+        """As a standalone worker; but retired by a rolling restart (the supervisor's ``READY.retiring``), its
+        notice names no endpoint: its replacement already serves the same addresses, and a client that left
+        them out would have none to send to while every child is replaced in turn."""
         assert self._peers is not None
+        if self.ready_file and os.path.exists(f"{self.ready_file}.retiring"):
+            self._peers.named = ""
         quiesce(self._peers, keep, also=(self._public_jobs,))
         if self.ready_file:  # a rolling restart waits for it (supervisor.py)
             with open(f"{self.ready_file}.drained", "w") as drained:

@@ -389,6 +389,9 @@ class Supervisor:
         child.retiring = True
         if self._dispatch is not None:
             self._dispatch.call(self._dispatch.close_child, _routed(child))
+        else:  # direct: its notice must not send clients away from the addresses its replacement serves
+            with open(f"{child.ready_file}.retiring", "w"):
+                pass
         try:
             os.kill(child.pid, signal.SIGTERM)
             drained = f"{child.ready_file}.drained"
