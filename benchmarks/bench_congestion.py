@@ -20,14 +20,11 @@ stopped worker gets SIGCONT first).
       cleared before every enqueue, so every job waits ``wait_before_drop``;
    c. ``BLOCK`` with a short deadline: every enqueue raises ``Congested``.
 
-2. **Healthy fast path.** ``Client.enqueue`` (BLOCK and DROP) against a raw
-   pyzmq PUSH loop sending the same frame (fresh job id per message) to the
-   same running worker. Jobs go in bursts smaller than the buffers between
-   the sender and the worker, and the worker drains between bursts (outside
-   the timing), so no send ever waits and only the sender's CPU is measured.
-   Twice: in plain mode against a plain PUSH loop, and in gevent mode (every
-   sender in a greenlet of this process's hub, unpatched) against a
-   ``zmq.green`` PUSH loop. Both raw loops encode with ``envelope.encode_request``.
+2. **Healthy fast path** (``benchmarks/enqueue_floors.py``). ``Client.enqueue``
+   (BLOCK and DROP) against two raw pyzmq DEALER loops sending the same job to
+   the same running worker: one encoding with ``envelope.encode_request``
+   (zqsync's encoder and its checks), one with ``msgpack.packb`` of the same
+   dict. Plain sockets in plain mode, ``zmq.green`` ones in gevent mode.
 
 It prints one markdown table and writes the same rows to ``--json FILE``.
 This is a benchmark, not a test: a missed target does not change the exit
@@ -46,27 +43,22 @@ import dataclasses
 import functools
 import signal
 import statistics
-import time
-from typing import Any, Callable, Iterator, Optional
-
-import zmq
+from typing import Any, Iterator, Optional
 
 import zqsync
+from benchmarks.enqueue_floors import Send, measure_healthy
 from benchmarks.harness import (
     PAYLOAD,
     REPO_ROOT,
-    Env,
     Row,
     base_parser,
     checked,
     describe,
     distribution,
     interleaved,
-    open_env,
     placed,
     progress,
     render_table,
-    running_worker,
     size_for,
     time_calls,
     write_json,
@@ -74,15 +66,9 @@ from benchmarks.harness import (
 from tests.helpers import wait_for
 from tests.integration.test_congestion import PAYLOAD as FILL_PAYLOAD
 from tests.integration.test_congestion import SMALL_HWM, fill_until_dropped
-from zqsync.client import iosched
 from zqsync.client.congestion import STATE, CongestionControl
 from zqsync.processes import WorkerProcess
 from zqsync.settings import ClientSettings
-from zqsync.wire import envelope
-from zqsync.wire.endpoints import split_endpoint
-
-#: A sender: ``send(payload)`` enqueues one ``echo`` job.
-Send = Callable[[Any], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +92,9 @@ FULL = Settings(rounds=9, early_drops=20000, waiting_drops=1000, block_timeouts=
 #: Every code path once, with tiny counts: for the suite's smoke test, not for figures.
 SMOKE = Settings(rounds=2, early_drops=200, waiting_drops=10, block_timeouts=4, block_deadline=0.005,
                  burst=100, bursts=2, warmup=100)
-#: Targets: early drop against the no-early-drop baseline, early drop's p99, enqueue rate against raw pyzmq's
-#: (a plain PUSH loop in plain mode, a zmq.green PUSH loop in gevent mode; both with zqsync's encoder).
+#: Targets: early drop against the no-early-drop baseline, early drop's p99 (the healthy path's: enqueue_floors.py).
 MIN_EARLY_DROP_SPEEDUP = 100.0
 MAX_EARLY_DROP_P99_US = 50.0
-MIN_RATE_RATIO = {"plain": 0.85, "gevent": 1.0}
 
 
 def _p99(samples: list[float]) -> float:
@@ -236,139 +220,6 @@ def stalled_rows(samples: dict[str, list[list[float]]], buffered: dict[str, int]
                 rounds=[_p99(one) for one in samples[early]]),
         checked("stalled", "jobs sent while the worker was stopped (a sanity check)", leaked, "jobs", "==", 0),
     ]
-
-
-# -- phase 2: the healthy fast path ------------------------------------------------
-
-
-def _raw_push(context: zmq.Context, endpoint: str, hwm: int) -> zmq.Socket:
-    """A plain DEALER (as the client uses) to the worker's jobs endpoint, with the client's send HWM."""
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, hwm)
-    sock.connect(split_endpoint(endpoint)[0])
-    return sock
-
-
-class Drain:
-    """Counts the jobs sent to a worker and waits until it has received them all."""
-
-    def __init__(self, worker: WorkerProcess) -> None:
-        self.worker = worker
-        self.expected = worker.stats()["jobs_received"]
-
-    def sent(self, jobs: int) -> None:
-        """Record ``jobs`` more jobs sent."""
-        self.expected += jobs
-
-    def wait(self) -> None:
-        """Return once the worker received every job sent so far, so the next burst finds empty buffers."""
-        wait_for(lambda: self.worker.stats()["jobs_received"] >= self.expected, interval=0.002,
-                 what=f"the worker to receive {self.expected} jobs")
-
-
-@contextlib.contextmanager
-def healthy_senders(env: Env, drain: Drain) -> Iterator[dict[str, Send]]:
-    """``Client.enqueue`` under BLOCK and under DROP, and a raw PUSH loop body, each ``send(payload)``.
-
-    The raw body builds the frame the client builds, with a fresh job id per
-    message, and sends it with no pool, lease, deadline or congestion logic, on
-    a context of its own whose I/O thread runs under the policy the client's job
-    pools use (``zqsync/client/iosched.py``: ``SCHED_BATCH`` where allowed), so
-    the floor is like for like.
-    Each client first sends one job under BLOCK, counted in ``drain``, so its
-    pooled socket is connected: under DROP, jobs sent before the handshake
-    completes may be dropped.
-    """
-    block = zqsync.Client(env.endpoint, congestion=CongestionControl.BLOCK)
-    drop = zqsync.Client(env.endpoint, congestion=CongestionControl.DROP)
-    raw_context = type(env.context)()
-    iosched.batch_io_threads(raw_context)
-    sock = _raw_push(raw_context, env.endpoint, block.settings.hwm)
-
-    def raw(payload: Any) -> None:
-        sock.send(envelope.encode_request("job", os.urandom(16).hex(), "echo", (payload,), {}))
-
-    try:
-        for client in (block, drop):
-            client.enqueue_with_options("echo", args=("connect",), congestion=CongestionControl.BLOCK)
-            drain.sent(1)
-        yield {"zqsync BLOCK": functools.partial(block.enqueue, "echo"),
-               "zqsync DROP": functools.partial(drop.enqueue, "echo"),
-               "raw pyzmq PUSH": raw}
-        if drop.stats()["dropped"]:
-            raise RuntimeError("the healthy worker made the DROP client drop: the fast path was not measured")
-    finally:
-        sock.close()
-        raw_context.destroy(linger=0)
-        block.close(linger=0)
-        drop.close(linger=0)
-
-
-def time_burst(send: Send, jobs: int) -> float:
-    """Microseconds per job of ``jobs`` back-to-back sends (one clock read per burst)."""
-    started = time.perf_counter_ns()
-    for _ in range(jobs):
-        send(PAYLOAD)
-    return (time.perf_counter_ns() - started) / 1000.0 / jobs
-
-
-def measure_healthy(settings: Settings, layout: str, mode: str) -> list[Row]:
-    """Per-job send time of each healthy sender, in bursts interleaved across the variants.
-
-    :param mode: ``"plain"``, or ``"gevent"``: every sender runs in a greenlet of this
-        process's hub, so the client's pooled sockets and the raw loop's are ``zmq.green`` ones.
-    """
-    with running_worker(layout) as worker, open_env(worker.endpoint, green=mode == "gevent") as env:
-        def body() -> dict[str, list[list[float]]]:
-            drain = Drain(worker)
-            with healthy_senders(env, drain) as senders:
-                return time_senders(senders, drain, settings)
-
-        if mode == "gevent":
-            import gevent
-
-            per_job = gevent.spawn(body).get()
-        else:
-            per_job = body()
-    return healthy_rows(per_job, settings.burst, mode)
-
-
-def time_senders(senders: dict[str, Send], drain: Drain, settings: Settings) -> dict[str, list[list[float]]]:
-    """Warm every sender up, then time bursts interleaved across them.
-
-    :returns: per sender, per round, each burst's microseconds per job.
-    """
-    for send in senders.values():
-        time_burst(send, settings.warmup)
-        drain.sent(settings.warmup)
-    drain.wait()
-    per_job: dict[str, list[list[float]]] = {name: [[] for _ in range(settings.rounds)] for name in senders}
-    slots_per_round = settings.bursts * len(senders)
-    with progress(settings.rounds * slots_per_round, "healthy worker") as bar:
-        slots = interleaved(list(senders), settings.rounds * settings.bursts, bar)
-        for slot, name in enumerate(slots):
-            per_job[name][slot // slots_per_round].append(time_burst(senders[name], settings.burst))
-            drain.sent(settings.burst)
-            drain.wait()
-    return per_job
-
-
-def healthy_rows(per_job: dict[str, list[list[float]]], burst: int, mode: str) -> list[Row]:
-    """Throughput per sender (median burst) and each client's enqueue rate over the raw loop's."""
-    median = {name: statistics.median(us for one in rounds for us in one) for name, rounds in per_job.items()}
-    round_medians = {name: [statistics.median(one) for one in rounds] for name, rounds in per_job.items()}
-    group = f"healthy {mode}"
-    rows = [Row(group, f"{name}: enqueue throughput (median of {burst}-job bursts)", 1e6 / median[name],
-                "jobs/s", rounds=[1e6 / us for us in round_medians[name]]) for name in per_job]
-    raw = "raw pyzmq PUSH"
-    loop = "raw green PUSH loop" if mode == "gevent" else "raw PUSH loop"
-    for name in per_job:
-        if name != raw:
-            rows.append(checked(group, f"{name} enqueue rate / {loop}, same encoder ({mode})",
-                                median[raw] / median[name], "x", ">=", MIN_RATE_RATIO[mode],
-                                rounds=[b / a for a, b in zip(round_medians[name], round_medians[raw])]))
-    return rows
 
 
 # -- command line ---------------------------------------------------------------------

@@ -1,17 +1,19 @@
 # ruff: noqa: E402  (gevent mode must monkey-patch before the imports below, as gevent requires)
-"""Side-by-side benchmark: plain jobs end to end in one worker process, zqsync against dramatiq on Redis.
+"""Side-by-side benchmark: plain jobs end to end in one worker process, zqsync against dramatiq, Celery and huey.
 
 Run from the repository root::
 
     python benchmarks/bench_dramatiq.py [--quick | --smoke] [--json FILE] [--cpus split|shared|free] [--plain-only]
 
 Each mode starts a ``zqsync worker zqsync.demo.tasks:registry`` (one process,
-default concurrency) and, when ``redis-server`` and the ``dramatiq`` and
-``redis`` packages are installed, a ``redis-server`` without persistence on a
-free port of 127.0.0.1 and ``dramatiq --processes 1 --threads 8
-benchmarks.dramatiq_jobs`` on it. ``--cpus`` places this process and the
-zqsync worker as in ``bench_pool.py``; Redis and dramatiq run on the zqsync
-worker's CPUs. Every process is stopped by pid when the mode ends.
+default concurrency) and, for each peer whose packages and ``redis-server``
+are installed, a ``redis-server`` without persistence on a free port of
+127.0.0.1 and the peer's worker on it (``benchmarks/e2e_peers.py``:
+``dramatiq --processes 1 --threads 8``, ``celery worker -P gevent -c 8``,
+``huey_consumer -k thread -w 8``); an absent peer is reported as skipped,
+with how to install it. ``--cpus`` places this process and the zqsync worker
+as in ``bench_pool.py``; the peers and their Redis run on the zqsync worker's
+CPUs. Every process is stopped by pid when the mode ends.
 
 Variants, interleaved in rounds in rotating order. Each round enqueues the
 same number of jobs, one after another, carrying the ~150-byte payload of
@@ -25,19 +27,24 @@ until the worker has executed every job of the round:
   worker: dramatiq's own acknowledgements, which a worker thread sends after
   the job ran (the queue's size, polled every 2 ms with ``broker.join``). That
   costs the job nothing, unlike an ``INCR`` per job, so it favours dramatiq.
+* ``Celery``: ``echo.delay(payload)``, results ignored (Celery's default);
+  counted by an ``INCR`` each job makes once it ran, polled every 2 ms.
+* ``huey``: ``echo(payload)`` on a ``RedisHuey`` (default settings); counted
+  by its result store, which the consumer fills after each job, polled every 2 ms.
 
 Each variant first runs one untimed round. Before each timed round, one
 untimed job goes through and is waited for, so a dramatiq consumer that backed
 off while idle (up to a second) is awake again.
-A sanity row per variant counts failed jobs (zqsync's ``jobs_failed``,
-dramatiq's dead letters); both should be 0. One more row gives the zqsync
+A sanity row per variant that counts failed jobs (zqsync's ``jobs_failed``,
+dramatiq's dead letters) checks they are 0; a failed Celery or huey job shows
+as a round that never drains. One more row gives the zqsync
 worker's CPU time per job over the timed rounds (user and system, every
 thread, read from ``/proc``; the stats polls included): on one CPU, the
 worker's own ceiling is one job per that many microseconds.
 
 Plain mode runs here; gevent mode (the client monkey-patched, as in a gevent
 web app) runs in a subprocess of this script (``--gevent``). It prints one
-markdown table (jobs/s per variant, and zqsync / dramatiq with its target)
+markdown table (jobs/s per variant, zqsync / each peer, dramatiq's with its target)
 and writes the same rows to ``--json FILE``. This is a benchmark, not a test:
 a missed target does not change the exit status.
 """
@@ -64,10 +71,21 @@ import statistics
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Iterator, Optional
 
 import zqsync
-from benchmarks.bench_rq import RedisServer
+from benchmarks.e2e_peers import (
+    CELERY,
+    DRAMATIQ,
+    HUEY,
+    POLL,
+    Variant,
+    celery_variant,
+    huey_variant,
+    log_tail,
+    redis_and_worker,
+    unavailable,
+)
 from benchmarks.harness import (
     PAYLOAD,
     REPO_ROOT,
@@ -85,7 +103,7 @@ from benchmarks.harness import (
     write_json,
 )
 from tests.helpers import wait_for
-from zqsync.processes import WorkerProcess, stop_process
+from zqsync.processes import WorkerProcess
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,80 +121,9 @@ FULL = Settings(rounds=5, jobs=10000, watchdog=600.0)
 SMOKE = Settings(rounds=1, jobs=100, watchdog=120.0)
 #: Target: zqsync's end-to-end jobs/s over dramatiq's.
 MIN_RATIO = 20.0
-#: The peer as the rows name it.
-PEER = "dramatiq, 1 process x 8 threads"
-INSTALL_HINT = "install with: apt-get install redis-server; pip install 'dramatiq[redis]' (or pip install -e .[bench])"
 #: Seconds to wait for the warm-up job (a worker starting), and per 1000 jobs of a round.
 START_TIMEOUT = 60.0
 DRAIN_SECONDS_PER_1000 = 10.0
-POLL = 0.002
-
-
-def dramatiq_unavailable() -> Optional[str]:
-    """Why the dramatiq variant cannot run (with how to fix it), or ``None`` if it can."""
-    missing = [name for name in ("dramatiq", "redis") if importlib.util.find_spec(name) is None]
-    if shutil.which("redis-server") is None:
-        missing.insert(0, "redis-server")
-    return f"skipped: {', '.join(missing)} not found; {INSTALL_HINT}" if missing else None
-
-
-class Variant(NamedTuple):
-    """One way to run jobs: ``send(payload)`` enqueues one; ``drain(timeout)`` blocks until the worker
-    has executed every job sent so far (raising after ``timeout`` seconds); ``failed()`` counts the
-    jobs that failed at the worker."""
-
-    send: Callable[[Any], Any]
-    drain: Callable[[float], None]
-    failed: Callable[[], int]
-
-
-# -- processes --------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def spawning_on(cpus: set[int]) -> Iterator[None]:
-    """Processes started in the block inherit ``cpus``: this thread's affinity, restored on the way out.
-
-    A no-op for an empty ``cpus`` or where affinity is not supported (not Linux).
-    """
-    if not cpus or not hasattr(os, "sched_setaffinity"):
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def log_tail(path: str, characters: int = 2000) -> str:
-    """The last ``characters`` of the log file at ``path``."""
-    with open(path, errors="replace") as handle:
-        return handle.read()[-characters:]
-
-
-@contextlib.contextmanager
-def dramatiq_worker(redis_url: str, log_path: str) -> Iterator[subprocess.Popen]:
-    """``dramatiq --processes 1 --threads 8 benchmarks.dramatiq_jobs`` on ``redis_url``, in its own session.
-
-    Stopped by pid on the way out (TERM, then KILL); a worker process it forked
-    and left behind is then killed through the session's process group.
-    """
-    from benchmarks.dramatiq_jobs import REDIS_URL_VARIABLE
-
-    command = [sys.executable, "-m", "dramatiq", "--processes", "1", "--threads", "8",
-               "--worker-shutdown-timeout", "5000", "benchmarks.dramatiq_jobs"]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, REDIS_URL_VARIABLE: redis_url},
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    try:
-        yield proc
-    finally:
-        stop_process(proc)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def zqsync_variant(client: zqsync.Client, worker: WorkerProcess) -> Variant:
@@ -198,22 +145,16 @@ def zqsync_variant(client: zqsync.Client, worker: WorkerProcess) -> Variant:
 
 @contextlib.contextmanager
 def dramatiq_variant(scratch: str, cpus: set[int]) -> Iterator[Variant]:
-    """A Redis and a dramatiq worker on ``cpus``; ``echo.send(payload)``, counted by the worker's acks."""
+    """dramatiq with 1 process x 8 threads; ``echo.send(payload)``, counted by the worker's acks."""
     from dramatiq.brokers.redis import RedisBroker
     from dramatiq.errors import QueueJoinTimeout
 
     from benchmarks.dramatiq_jobs import QUEUE, declare
 
-    log_path = os.path.join(scratch, "dramatiq.log")
-    with contextlib.ExitStack() as stack:
-        with spawning_on(cpus):
-            server = RedisServer(["--save", "", "--appendonly", "no"], os.path.join(scratch, "redis"))
-            stack.callback(server.stop)
-            server.start()
-            url = f"redis://127.0.0.1:{server.port}/0"
-            worker = stack.enter_context(dramatiq_worker(url, log_path))
-        broker = RedisBroker(url=url)
-        stack.callback(broker.close)
+    command = [sys.executable, "-m", "dramatiq", "--processes", "1", "--threads", "8",
+               "--worker-shutdown-timeout", "5000", "benchmarks.dramatiq_jobs"]
+    with redis_and_worker(scratch, cpus, "dramatiq", command) as (url, worker, log_path), \
+            contextlib.closing(RedisBroker(url=url)) as broker:
         actor = declare(broker)
 
         def drain(timeout: float) -> None:
@@ -224,6 +165,10 @@ def dramatiq_variant(scratch: str, cpus: set[int]) -> Iterator[Variant]:
                                    f"{worker.poll()}):\n{log_tail(log_path)}") from None
 
         yield Variant(actor.send, drain, lambda: broker.client.zcard(f"dramatiq:{QUEUE}.XQ"))
+
+
+#: The peers, in the order of the report, and how each runs.
+PEERS = {DRAMATIQ: dramatiq_variant, CELERY: celery_variant, HUEY: huey_variant}
 
 
 # -- measuring --------------------------------------------------------------------
@@ -252,16 +197,17 @@ def time_round(variant: Variant, jobs: int) -> float:
 
 def measure(settings: Settings, layout: str, mode: str) -> list[Row]:
     """Start the processes, run every variant interleaved in rounds, return the rows."""
-    skipped = dramatiq_unavailable()
+    skipped = {peer: unavailable(peer) for peer in PEERS}
     worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT)
     with tempfile.TemporaryDirectory(prefix="zqsync-bench-dramatiq-") as scratch, contextlib.ExitStack() as stack:
         stack.callback(worker.stop)
         stack.enter_context(placed(worker.start(), layout))
         client = stack.enter_context(zqsync.Client(worker.endpoint, congestion="block"))
         variants = {"zqsync": zqsync_variant(client, worker)}
-        if skipped is None:
-            cpus = os.sched_getaffinity(worker.pid) if hasattr(os, "sched_getaffinity") else set()
-            variants[PEER] = stack.enter_context(dramatiq_variant(scratch, cpus))
+        cpus = os.sched_getaffinity(worker.pid) if hasattr(os, "sched_getaffinity") else set()
+        for peer, start in PEERS.items():
+            if skipped[peer] is None:
+                variants[peer] = stack.enter_context(start(scratch, cpus))
         for variant in variants.values():  # an untimed round each: connections, caches, the worker's pools
             time_round(variant, settings.jobs)
         throughput: dict[str, list[float]] = {name: [] for name in variants}
@@ -270,24 +216,27 @@ def measure(settings: Settings, layout: str, mode: str) -> list[Row]:
             for name in interleaved(list(variants), settings.rounds, bar):
                 throughput[name].append(time_round(variants[name], settings.jobs))
         worker_cpu += cpu_seconds(worker.pid)
-        failed = {name: variant.failed() for name, variant in variants.items()}
+        failed = {name: variant.failed() for name, variant in variants.items() if variant.failed is not None}
     per_job = Row(mode, "zqsync worker: CPU per job, all threads, with the stats polls", worker_cpu * 1e6 /
                   (settings.rounds * (settings.jobs + 1)), "us")
     return [*result_rows(mode, throughput, failed, skipped), per_job]
 
 
 def result_rows(mode: str, throughput: dict[str, list[float]], failed: dict[str, int],
-                skipped: Optional[str]) -> list[Row]:
-    """Jobs/s per variant (or the peer's skipped row), zqsync / dramatiq with its target, the failed jobs."""
+                skipped: dict[str, Optional[str]]) -> list[Row]:
+    """Jobs/s per variant (or a peer's skipped row), zqsync / each peer (dramatiq's with its target), the
+    failed jobs where the peer counts them."""
     rows = [Row(mode, f"{name}: jobs end to end, enqueued and executed (median round)", statistics.median(per_round),
                 "jobs/s", rounds=per_round) for name, per_round in throughput.items()]
-    if skipped:
-        rows.append(Row(mode, f"{PEER}: {skipped}", None, "jobs/s"))
-    else:
-        per_round = [a / b for a, b in zip(throughput["zqsync"], throughput[PEER])]
-        value = statistics.median(throughput["zqsync"]) / statistics.median(throughput[PEER])
-        rows.append(checked(mode, "zqsync / dramatiq jobs end to end (medians)", value, "x", ">=", MIN_RATIO,
-                            rounds=per_round))
+    for peer, reason in skipped.items():
+        if reason:
+            rows.append(Row(mode, f"{peer}: {reason}", None, "jobs/s"))
+            continue
+        per_round = [a / b for a, b in zip(throughput["zqsync"], throughput[peer])]
+        value = statistics.median(throughput["zqsync"]) / statistics.median(throughput[peer])
+        measure = f"zqsync / {peer.split(',')[0]} jobs end to end (medians)"
+        rows.append(checked(mode, measure, value, "x", ">=", MIN_RATIO, rounds=per_round) if peer == DRAMATIQ
+                    else Row(mode, measure, value, "x", rounds=per_round))
     rows += [checked(mode, f"{name}: jobs failed at the worker (a sanity check)", count, "jobs", "==", 0)
              for name, count in failed.items()]
     return rows
@@ -336,9 +285,9 @@ def rows_for(args: argparse.Namespace) -> list[Row]:
 
 
 def versions() -> dict[str, Any]:
-    """Versions of dramatiq, redis-py and redis-server, where installed."""
+    """Versions of dramatiq, Celery, huey, redis-py and redis-server, where installed."""
     found: dict[str, Any] = {}
-    for name in ("dramatiq", "redis"):
+    for name in ("dramatiq", "celery", "huey", "redis"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[f"{name}_package"] = importlib.metadata.version(name)
     if shutil.which("redis-server"):

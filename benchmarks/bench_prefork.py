@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/bench_prefork.py [--quick | --smoke] [--json FILE]
 
 One run starts every variant's ``zqsync worker zqsync.demo.tasks:registry``
-(:class:`zqsync.processes.WorkerProcess`, default concurrency), at once, on
+(`zqsync.processes.WorkerProcess`, default concurrency), at once, on
 free ports of 127.0.0.1, and stops each by pid at the end:
 
 * ``one process``: a standalone worker, no supervisor;

@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import Any, Optional, Sequence
 
+from benchmarks.enqueue_floors import ENCODER, PACKB
 from benchmarks.harness import Row
 
 #: Statuses of a scenario in a suite run.
@@ -86,19 +87,22 @@ COMPARISONS: tuple[Spec, ...] = (
          (_GEVENT_CALLS, "pooled / per-call wall"), inverted=True),
     Spec("pool", "300 greenlets", "300 greenlets: peak sockets", "DEALER per call",
          (_GEVENT_CALLS, "pooled: peak sockets in flight"), (_GEVENT_CALLS, "per-call: peak open sockets")),
-    *(Spec("congestion", "enqueue", f"throughput, BLOCK, {mode} (median burst)", f"{loop}, same encoder",
-           (f"healthy {mode}", "zqsync BLOCK: enqueue throughput"), (f"healthy {mode}", "raw pyzmq PUSH: enqueue throughput"),
-           (f"healthy {mode}", "zqsync BLOCK enqueue rate / "))
-      for mode, loop in (("plain", "raw pyzmq PUSH loop"), ("gevent", "raw zmq.green PUSH loop"))),
+    *(Spec("congestion", "enqueue", f"throughput, BLOCK, {mode} (median burst)", f"{sockets} DEALER loop, {encoder}",
+           (f"healthy {mode}", "zqsync BLOCK: enqueue throughput"), (f"healthy {mode}", f"{floor}: enqueue throughput"),
+           (f"healthy {mode}", f"zqsync BLOCK enqueue rate / {floor} "))
+      for mode, sockets in (("plain", "raw pyzmq"), ("gevent", "raw zmq.green"))
+      for floor, encoder in ((ENCODER, "zqsync's encoder"), (PACKB, "msgpack.packb of the same dict"))),
     *(Spec("rq", topic, f"throughput, {label}", f"RQ on redis-server ({redis})",
            (mode, f"zqsync {kind}: enqueue throughput"), (mode, f"RQ, {redis}: "),
            (mode, f"zqsync {kind} / RQ, {redis} throughput"))
       for topic, kind, redis in (("enqueue", "enqueue", "no persistence"), ("confirmed enqueue", "confirmed", "AOF everysec"))
       for mode, label in (("sequential", "sequential"), ("greenlets", "concurrent greenlets"))),
     *(Spec("endtoend", "plain jobs end to end", f"enqueued and executed by one worker process, {mode} client",
-           "dramatiq on redis-server, 1 process x 8 threads",
-           (mode, "zqsync: jobs end to end"), (mode, "dramatiq, "), (mode, "zqsync / dramatiq jobs end to end"))
-      for mode in ("plain", "gevent")),
+           f"{peer} on redis-server{workers}",
+           (mode, "zqsync: jobs end to end"), (mode, f"{peer}, "), (mode, f"zqsync / {peer} jobs end to end"))
+      for mode in ("plain", "gevent")
+      for peer, workers in (("dramatiq", ", 1 process x 8 threads"), ("Celery -P gevent", ", 1 process x 8 greenlets"),
+                            ("huey", ", 1 process x 8 threads"))),
     Spec("congestion", "DROP, stalled worker", "early drop, enqueue throughput", "DROP without early drop",
          ("stalled", "a. DROP, early drop: enqueue throughput"), ("stalled", "b. DROP, no early drop: enqueue throughput"),
          ("stalled", "a / b throughput")),

@@ -15,12 +15,12 @@ pool       sequential call round trip against a raw persistent DEALER and a
 worker     call round trip against a raw DEALER to a minimal pyzmq ROUTER
            echo (same envelope code); the worker's main-thread CPU per call
 zerorpc    call round trip against zerorpc (both under gevent)
-congestion enqueue throughput against a raw PUSH loop; DROP's early drop with
+congestion enqueue throughput against two raw DEALER loops; DROP's early drop with
            a stalled worker
 rq         enqueue and confirmed enqueue against RQ on redis-server
 endtoend   plain jobs end to end (enqueued and executed, counted at one
-           worker process) against dramatiq on redis-server, 1 process x
-           8 threads (plain and gevent)
+           worker process) against dramatiq, Celery -P gevent and huey on
+           redis-server (plain and gevent)
 fork       a fork cycle: fork, first call in the child, exit
 prefork    plain jobs end to end and calls from 50 greenlets, ``--processes 1``,
            ``2`` (and ``4`` with 4 CPUs) against one worker process, as ratios
@@ -90,9 +90,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("worker", "call round trip vs a raw DEALER to a minimal pyzmq ROUTER echo; worker CPU per call",
              "bench_worker"),
     Scenario("zerorpc", "call round trip vs zerorpc", "bench_zerorpc", "zerorpc_unavailable"),
-    Scenario("congestion", "enqueue vs a raw PUSH loop; DROP early drop, stalled worker", "bench_congestion"),
+    Scenario("congestion", "enqueue vs raw DEALER loops; DROP early drop, stalled worker", "bench_congestion"),
     Scenario("rq", "enqueue and confirmed enqueue vs RQ on redis-server", "bench_rq", script=True),
-    Scenario("endtoend", "plain jobs end to end in one worker process vs dramatiq on redis-server", "bench_dramatiq"),
+    Scenario("endtoend", "plain jobs end to end in one worker process vs dramatiq, Celery, huey", "bench_dramatiq"),
     Scenario("fork", "fork cycle: fork, first call in the child, exit", "bench_fork"),
     Scenario("prefork", "--processes 1, 2 (and 4 with 4 CPUs) against one worker process, as ratios",
              "bench_prefork"),

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from typing import Optional
 
+import gevent
 import requests
 
 from tests.helpers import wait_for
@@ -30,6 +31,12 @@ def needs_file(path):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {path} yet")
     return path
+
+
+@registry.task
+def hold(seconds):
+    """Runs ``seconds`` (yielding), for a job seen running."""
+    gevent.sleep(seconds)
 
 
 TASKS = "tests.dashboard_process:registry"

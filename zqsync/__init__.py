@@ -4,6 +4,7 @@ Public API only; importing zqsync opens nothing and reads no environment.
 The layers are drawn in docs/design.md ("Package layout").
 """
 
+from .canvas import CanvasHandle, CanvasStatus, Signature, chain, chord, group
 from .client.client import Client, call, close_all, default_client, enqueue
 from .client.congestion import CongestionControl
 from .client.jobs import JobStatus
@@ -40,6 +41,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CallTimeout",
+    "CanvasHandle",
+    "CanvasStatus",
+    "Signature",
+    "chain",
+    "chord",
+    "group",
     "Client",
     "ClientClosed",
     "ConfigurationError",

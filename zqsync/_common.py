@@ -1,11 +1,11 @@
 """Low-level helpers that both the client and the worker use (private).
 
-* :func:`native_lock`: a real thread lock even under gevent monkey-patching.
-* :func:`pid_alive`: whether a process exists.
-* :func:`write_ready_file`: announce an endpoint atomically (supervisors and tests wait for it).
-* :func:`on_fork_in_child`: the one place fork hooks are registered.
-* :func:`disown`: make a socket inherited across ``fork`` inert in the child.
-* :func:`track_client` / :func:`live_clients`: the clients of this process,
+* `native_lock`: a real thread lock even under gevent monkey-patching.
+* `pid_alive`: whether a process exists.
+* `write_ready_file`: announce an endpoint atomically (supervisors and tests wait for it).
+* `on_fork_in_child`: the one place fork hooks are registered.
+* `disown`: make a socket inherited across ``fork`` inert in the child.
+* `track_client` / `live_clients`: the clients of this process,
   which the worker's stats and the Prometheus exporter report without
   importing the client package.
 """
@@ -77,7 +77,7 @@ def disown(sock: Any) -> None:
     a ``finally`` clause of zmq.green, raises ``ENOTSOCK`` instead of running
     libzmq code that would drain the parent's I/O thread mailbox; a later
     ``close()`` or garbage collection does nothing. The object is kept in
-    :data:`orphans`.
+    `orphans`.
     """
     stop_watcher(sock)
     sock._closed = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import shlex
@@ -19,6 +20,8 @@ import tempfile
 import threading
 import time
 from typing import Any, Iterator, Optional
+
+from .errors import ConfigurationError
 
 log = logging.getLogger("zqsync.cli")
 
@@ -64,12 +67,27 @@ def prometheus() -> Any:
     return module
 
 
+@contextlib.contextmanager
+def listening(address: Address) -> Iterator[None]:
+    """Run a block that binds an HTTP listener on ``address``; a port in use or refused is one line.
+
+    :raises ConfigurationError: the block's bind failed with EADDRINUSE, EADDRNOTAVAIL or EACCES.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        raise ConfigurationError(f"cannot listen on {address[0]}:{address[1]}: {exc.strerror} (another process "
+                                 "may listen there: stop it, or choose another port)") from None
+
+
 def serve_metrics(args: argparse.Namespace, worker: Any) -> None:
-    """Serve one worker process's metrics, if asked to."""
+    """Serve one worker process's metrics, if asked to. :raises ConfigurationError: the port is taken."""
     address = metrics_address(args)
     if address:
-        host, port = address
-        prometheus().serve(port, worker=worker, addr=host)
+        with listening(address):
+            prometheus().serve(address[1], worker=worker, addr=address[0])
 
 
 def _usable_dir(path: str) -> bool:
@@ -116,7 +134,8 @@ def supervisor_metrics(args: argparse.Namespace) -> Iterator[Any]:
         return
     with multiprocess_dir():
         module = prometheus()
-        module.start_exporter(address[1], addr=address[0])
+        with listening(address):
+            module.start_exporter(address[1], addr=address[0])
         yield module.mark_process_dead
 
 

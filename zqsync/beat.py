@@ -2,7 +2,7 @@
 
 A beat is only a client. For each tick of a schedule it enqueues a
 confirmed job whose id is derived from the task name and the tick time
-(:meth:`Periodic.job_id`). The job goes to that id's preferred worker, whose
+(`Periodic.job_id`). The job goes to that id's preferred worker, whose
 journal acknowledges a second copy as a duplicate without running it, so
 two beats, or a beat restarted over a tick it had already sent, never run a
 tick twice, as long as they list the same workers (or, with one PostgreSQL
@@ -17,8 +17,10 @@ matches (``cronsim``, the ``beat`` extra).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
+import os
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -34,7 +36,7 @@ ID_PREFIX = "beat-"
 
 
 class Periodic(NamedTuple):
-    """The schedule of one periodic task (see :meth:`zqsync.worker.Registry.periodic`).
+    """The schedule of one periodic task (see `zqsync.worker.Registry.periodic`).
 
     :ivar task: the task name.
     :ivar every: seconds between ticks, or ``None`` with ``cron``.
@@ -114,14 +116,19 @@ class Beat:
 
     :param schedules: the schedules (``registry.periodic_jobs.values()``).
     :param enqueue: ``enqueue(task, args, kwargs, job_id)``; raises
-        :class:`~zqsync.errors.ZqsyncError` when the job was not confirmed.
+        `ZqsyncError` when the job was not confirmed.
     :param clock: wall-clock epoch seconds (replaceable in tests).
-    :param wait: ``wait(seconds)`` sleeps until then or until :meth:`stop`
+    :param wait: ``wait(seconds)`` sleeps until then or until `stop`
         (default: the stop event's ``wait``; replaceable in tests).
+    :param schedule_file: a JSON file of each task's last handled tick (epoch seconds), read at
+        `run` and rewritten (atomically, ``os.replace``) after each tick, as Celery beat keeps
+        ``celerybeat-schedule``: a beat restarted after downtime counts and logs the ticks that passed
+        while none ran. ``None``: a fresh start each time. An unreadable file is logged and ignored.
     """
 
     def __init__(self, schedules: list[Periodic], enqueue: Callable[[str, tuple, dict, str], Any], *,
-                 clock: Callable[[], float] = time.time, wait: Optional[Callable[[float], Any]] = None) -> None:
+                 clock: Callable[[], float] = time.time, wait: Optional[Callable[[float], Any]] = None,
+                 schedule_file: Optional[str] = None) -> None:
         if not schedules:
             raise ConfigurationError("no periodic tasks: declare some with @registry.periodic(...)", setting="app")
         self.schedules = list(schedules)
@@ -130,12 +137,14 @@ class Beat:
         self.stopping = threading.Event()
         self.wait = wait or self.stopping.wait
         self.counters = {"ticks_sent": 0, "ticks_failed": 0, "ticks_skipped": 0}
+        self.schedule_file = schedule_file
+        self._handled: dict[str, float] = {}
 
     def run(self) -> None:
-        """Send ticks until :meth:`stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
+        """Send ticks until `stop`; blocks (``threading.Event.wait``, cooperative when monkey-patched)."""
         now = self.clock()
-        due = [periodic.latest_at(now) if periodic.catch_up == "latest" else periodic.next_after(now)
-               for periodic in self.schedules]
+        self._handled = self._read_schedule()
+        due = [self._first_due(periodic, now) for periodic in self.schedules]
         while not self.stopping.is_set():
             index = min(range(len(due)), key=due.__getitem__)
             wait = due[index] - self.clock()
@@ -143,16 +152,18 @@ class Beat:
                 self.wait(wait)
                 continue
             periodic = self.schedules[index]
-            tick, due[index] = self._catch_up(periodic, due[index])
+            tick, self._handled[periodic.task], due[index] = self._catch_up(periodic, due[index])
             if tick is not None:
                 self._send(periodic, tick)
+            self._write_schedule()
 
     def stop(self) -> None:
-        """Make :meth:`run` return (safe from a signal handler or another thread)."""
+        """Make `run` return (safe from a signal handler or another thread)."""
         self.stopping.set()
 
-    def _catch_up(self, periodic: Periodic, due: float) -> tuple[Optional[float], float]:
-        """The tick to send now for ``due`` (or ``None``) and the next one to wait for.
+    def _catch_up(self, periodic: Periodic, due: float) -> tuple[Optional[float], float, float]:
+        """The tick to send now for ``due`` (or ``None``), the latest tick this handles, and the next one
+        to wait for.
 
         On time (no later tick has passed yet), ``due`` itself. Late (a send blocked, the clock
         jumped, the process was stopped), the ticks from ``due`` to the latest passed one are
@@ -160,14 +171,46 @@ class Beat:
         which is sent once: no tick older than one period is ever sent."""
         latest = periodic.latest_at(self.clock())
         if latest <= due:
-            return due, periodic.next_after(due)
+            return due, due, periodic.next_after(due)
         send = latest if periodic.catch_up == "latest" else None
         skipped = _ticks(periodic, due, latest) - (send is not None)
         if skipped:
             self.counters["ticks_skipped"] += skipped
             log.warning("task %r: skipped %d tick(s) that passed while the beat was late (%s to %s, catch_up=%r)",
                         periodic.task, skipped, _iso(due), _iso(latest), periodic.catch_up)
-        return send, periodic.next_after(latest)
+        return send, latest, periodic.next_after(latest)
+
+    def _first_due(self, periodic: Periodic, now: float) -> float:
+        """The first tick to handle: the one after the last handled (the schedule file), which
+        `_catch_up` then finds late if ticks passed while no beat ran; on a fresh start, the next
+        tick, or with ``catch_up="latest"`` the latest passed one."""
+        last = self._handled.get(periodic.task)
+        if last is not None and last <= now:
+            return periodic.next_after(last)
+        return periodic.latest_at(now) if periodic.catch_up == "latest" else periodic.next_after(now)
+
+    def _read_schedule(self) -> dict[str, float]:
+        if self.schedule_file is None or not os.path.exists(self.schedule_file):
+            return {}
+        try:
+            with open(self.schedule_file) as source:
+                data = json.load(source)
+            return {str(task): float(tick) for task, tick in data["last_tick"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("ignoring the beat schedule file %s (%s): missed ticks are not counted this start",
+                        self.schedule_file, exc)
+            return {}
+
+    def _write_schedule(self) -> None:
+        if self.schedule_file is None:
+            return
+        temporary = f"{self.schedule_file}.tmp"
+        try:
+            with open(temporary, "w") as target:
+                json.dump({"last_tick": self._handled}, target)
+            os.replace(temporary, self.schedule_file)
+        except OSError as exc:
+            log.warning("could not write the beat schedule file %s: %s", self.schedule_file, exc)
 
     def _send(self, periodic: Periodic, tick: float) -> None:
         job_id = periodic.job_id(tick)

@@ -18,9 +18,11 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from . import __version__, fdlimit, settings
+from ._cli_endpoints import add_endpoint, fill_endpoints, json_or_str
 from ._worker_cli import (
     add_metrics_options,
     add_reload_option,
+    listening,
     metrics_address,
     prometheus,
     run_with_reload,
@@ -32,13 +34,6 @@ from .logs import add_logging_options, configure_logging
 
 EPILOG = ("Endpoints are tcp://HOST:PORT: a worker takes jobs on PORT and calls on PORT+1. A HOST that is a DNS "
           "name stands for every worker it resolves to; srv://NAME for the SRV records of _zqsync._tcp.NAME.")
-
-
-def _json_or_str(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def _kwargs(text: str) -> dict[str, Any]:
@@ -269,7 +264,11 @@ def _add_beat(commands: Any, common: argparse.ArgumentParser, curve_client: argp
         epilog=EPILOG,
     )
     beat.add_argument("app", metavar="MODULE[:ATTR]", help="the task module and its Registry (ATTR default: registry)")
-    beat.add_argument("endpoints", nargs="+", metavar="ENDPOINT", help="worker base endpoints, tcp://HOST:PORT")
+    add_endpoint(beat, many=True)
+    beat.add_argument("--schedule-file", default="zqsync-beat-schedule.json", metavar="PATH",
+                      help="where the beat keeps each task's last handled tick, so that after a restart the ticks "
+                           "that passed while no beat ran are counted (ticks_skipped) and logged, like Celery "
+                           "beat's celerybeat-schedule (default: %(default)s; '' for none)")
     beat.set_defaults(handler=cmd_beat)
 
 
@@ -278,9 +277,9 @@ def _add_client_commands(commands: Any, common: argparse.ArgumentParser, curve_c
     for name, verb, description in CLIENT_COMMANDS:
         sub = commands.add_parser(name, parents=[common, curve_client], help=verb,
                                   description=description, epilog=EPILOG)
-        sub.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
+        add_endpoint(sub)
         sub.add_argument("task", metavar="TASK", help="registered task name")
-        sub.add_argument("args", metavar="ARG", nargs="*", type=_json_or_str,
+        sub.add_argument("args", metavar="ARG", nargs="*", type=json_or_str,
                          help="positional task arguments, each parsed as JSON, else taken as a string")
         sub.add_argument("--kwargs", type=_kwargs, default={}, metavar="JSON", help="keyword arguments as a JSON object")
         sub.add_argument("--timeout", type=_seconds, default=None, help=TIMEOUT_HELP[name])
@@ -304,7 +303,7 @@ def _add_job(commands: Any, common: argparse.ArgumentParser, curve_client: argpa
         "wait up to SECONDS for it to finish and print its result as JSON; a failed job exits 1 with its error.",
         epilog=EPILOG,
     )
-    job.add_argument("endpoints", metavar="ENDPOINT", nargs="+", help="worker base endpoint(s)")
+    add_endpoint(job, many=True)
     job.add_argument("job_id", metavar="ID", help="the job id")
     job.add_argument("--wait", type=_seconds, metavar="SECONDS", help="wait for the result (long-poll)")
     job.set_defaults(handler=cmd_job)
@@ -318,7 +317,7 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser, curve_client: arg
         "calls, tasks in flight, task duration percentiles, and the pools of the clients its tasks use. "
         "Under --processes, the answer covers every child: totals, then one line per child.",
     )
-    stats.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
+    add_endpoint(stats)
     stats.add_argument("--json", action="store_true", help="print the raw JSON")
     stats.add_argument("--timeout", type=_seconds, default=5.0, help="seconds to wait for the answer (default: 5)")
     stats.set_defaults(handler=cmd_stats)
@@ -332,7 +331,7 @@ def _add_ping(commands: Any, common: argparse.ArgumentParser, curve_client: argp
         "task slots are all busy still answers. Prints 'pong from ENDPOINT in X ms' and exits 0, or prints "
         "why there was no pong and exits 1.",
     )
-    ping.add_argument("endpoint", metavar="ENDPOINT", help="worker base endpoint, e.g. tcp://127.0.0.1:5555")
+    add_endpoint(ping)
     ping.add_argument("--timeout", type=_timeout, default=1.0, help="seconds to wait for the pong (default: 1)")
     ping.set_defaults(handler=cmd_ping)
 
@@ -346,7 +345,7 @@ def _add_dashboard(commands: Any, common: argparse.ArgumentParser, curve_client:
         "It only makes the workers' admin calls; it stores nothing. It binds loopback unless given "
         "--token-file, whose token the page then asks for.",
     )
-    dashboard.add_argument("endpoints", metavar="ENDPOINT", nargs="+", help="worker base endpoints, e.g. tcp://127.0.0.1:5555")
+    add_endpoint(dashboard, many=True)
     dashboard.add_argument("--bind", default="127.0.0.1:8008", metavar="HOST:PORT",
                            help="address to serve on (default: 127.0.0.1:8008; port 0 picks a free one)")
     dashboard.add_argument("--token-file", metavar="FILE", help="file holding the login token; required off loopback")
@@ -422,7 +421,7 @@ def load_registry(app: str, command: str = "worker") -> Any:
 
     :param command: the subcommand that the error messages name.
     :raises SystemExit: with a clear message if the module or attribute is missing
-        or is not a :class:`zqsync.worker.Registry`.
+        or is not a `zqsync.worker.Registry`.
     """
     from .worker import Registry
 
@@ -453,7 +452,8 @@ def worker_settings(args: argparse.Namespace) -> settings.WorkerSettings:
     try:
         config = settings.WorkerSettings(**{name: value for name, value in vars(args).items() if name in fields})
     except ConfigurationError as exc:
-        raise SystemExit(f"zqsync worker: --{exc.setting.replace('_', '-')}: {exc}") from None
+        flag = {"endpoint": "bind"}.get(exc.setting, exc.setting)  # the bind check names what it checks
+        raise SystemExit(f"zqsync worker: --{flag.replace('_', '-')}: {exc}") from None
     if config.state_dir:  # here, before any child starts: each would fail on it, with a traceback
         try:
             os.makedirs(config.state_dir, exist_ok=True)
@@ -550,13 +550,13 @@ def _list_jobs(journal: Any, args: argparse.Namespace) -> None:
         rows = itertools.islice(journal.iter_rows(args.state or ("pending", "dead")), args.limit)
     if args.json:
         for row in rows:
-            print(json.dumps(_job_json(row), default=repr))
+            print(json.dumps(_job_json(row, journal), default=repr))
         return
-    print(f"{'id':32}  {'task':20}  {'state':7}  {'tries':>5}  {'error':30}  body")
+    print(f"{'id':32}  {'task':20}  {'state':9}  {'tries':>5}  {'error':30}  body")
     for row in rows:
-        body = _job_json(row)
+        body = _job_json(row, journal)
         call = json.dumps({"args": body["args"], "kwargs": body["kwargs"]}, default=repr)
-        print(f"{row.id:32}  {row.task[:20]:20}  {row.state:7}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
+        print(f"{row.id:32}  {row.task[:20]:20}  {body['state']:9}  {row.attempts:>5}  {(row.error or '')[:30]:30}  {call}")
     counts = journal.counts()
     print("totals: " + ", ".join(f"{state} {count}" for state, count in sorted(counts.items())) if counts else "totals: none")
 
@@ -579,11 +579,15 @@ def _jobs_journal(args: argparse.Namespace) -> tuple[str, str]:
     return kind, target
 
 
-def _job_json(row: Any) -> dict[str, Any]:
+def _job_json(row: Any, journal: Any) -> dict[str, Any]:
+    """A row as ``zqsync jobs --json`` prints it: ``state`` named as ``client.job()`` names it (``running``,
+    ``scheduled``, ``failed``: `row_state`), the journal's in ``stored_state``."""
     from .errors import ProtocolError
     from .wire.envelope import decode_request
+    from .worker.journal_calls import row_state
 
     fields = {key: value for key, value in row._asdict().items() if key != "body"}
+    fields.update(state=row_state(row, time.time(), journal.owner_alive), stored_state=row.state)
     try:
         request = decode_request(row.body)
     except ProtocolError as exc:
@@ -674,7 +678,7 @@ def cmd_beat(args: argparse.Namespace) -> int:
         def enqueue(task: str, task_args: tuple, kwargs: dict, job_id: str) -> None:
             client.enqueue_with_options(task, args=task_args, kwargs=kwargs, confirm=True, job_id=job_id)
 
-        beat = Beat(list(registry.periodic_jobs.values()), enqueue)
+        beat = Beat(list(registry.periodic_jobs.values()), enqueue, schedule_file=args.schedule_file or None)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: beat.stop())
         logging.getLogger(__name__).info("beat: %d periodic task(s) to %s", len(beat.schedules), ", ".join(args.endpoints))
@@ -793,8 +797,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     from .dashboard import serve
 
     host, port = _bind(args.bind)
-    serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
-          metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
+    with listening((host, port)):  # the page's bind, before it serves until interrupted
+        serve(args.endpoints, host=host, port=port, token=_token(args.token_file), curve=_curve(args),
+              metrics_url=args.metrics_url, interval=args.interval, ready=args.ready_file)
     return 0
 
 
@@ -875,6 +880,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .errors import ZqsyncError
 
     args = build_parser().parse_args(argv)
+    fill_endpoints(args)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     configure_logging(args.log_level, args.log_format, args.log_config)
     try:

@@ -1,13 +1,13 @@
 """Eager mode: run tasks in the calling process, for an app's own unit tests.
 
-Inside ``with eager(registry):`` every :class:`~zqsync.Client` in the process
+Inside ``with eager(registry):`` every `Client` in the process
 hands what it would send to an in-process stand-in for the worker instead of
 a socket. Everything on the client's side of the wire runs for real: option
 checks (``deadline`` with ``confirm``, a naive ``eta``, a negative
 ``send_timeout`` raise ``ConfigurationError`` as they do without eager mode),
 the wire encoding and its limits (msgpack, the same checks as a real request),
 routes. On the worker's side, calls and jobs run through the worker's own
-:class:`~zqsync.worker.runner.Runner`: its error replies, ``UnknownTask``,
+`Runner`: its error replies, ``UnknownTask``,
 deadlines, middleware hooks, retries, and the rule that a result a worker
 would keep (a confirmed job's, or a plain job's with ``store_result``) must
 encode, or the job fails. ``Client.job``, ``Client.result`` and
@@ -22,15 +22,21 @@ Time in eager mode:
 * a job runs at once, in ``enqueue``, with its retries at once (backoff is
   skipped, and recorded as ``EagerJob.attempts``);
 * a delayed job (``delay=``, ``eta=``) waits on the recorder's clock: it is
-  ``scheduled`` until :meth:`EagerRecorder.advance` moves the clock past its
+  ``scheduled`` until `EagerRecorder.advance` moves the clock past its
   due time, and can be cancelled meanwhile;
-* time limits hold only for tasks that yield to gevent (a worker also ends
-  tasks that hold the GIL, from its watchdog thread).
+* a call whose task outlasts the call's timeout raises ``CallTimeout`` once the
+  task has returned (a real caller gives up at its deadline while the worker
+  finishes the task; here the task runs in the caller, so it finishes first);
+* time limits hold as on a worker, also for code that never yields: a native
+  thread raises ``SoftTimeLimitExceeded`` and the time limit's error into the
+  task (``worker/thread_limits.py``), where a worker's watchdog would signal
+  or end its process. One long C call that holds the GIL is interrupted only
+  when it returns.
 
 A job enqueued inside an open Django transaction (``transaction.atomic()``,
 not the one ``django.test.TestCase`` wraps each test in) warns with
-:class:`~zqsync.errors.ZqsyncWarning`, or raises
-:class:`~zqsync.errors.EnqueuedInTransaction` with ``in_transaction="error"``:
+`ZqsyncWarning`, or raises
+`EnqueuedInTransaction` with ``in_transaction="error"``:
 in eager mode it runs at once and sees the rows the transaction has not
 committed, while a real worker may run it before the commit, or after a
 rollback, and not see them. Enqueue from ``transaction.on_commit`` instead.
@@ -53,11 +59,12 @@ from typing import Any, Iterator, NamedTuple, Optional
 
 from .client.client import Client
 from .client.lookups import remote_error_of
-from .errors import EnqueuedInTransaction, ProtocolError, RemoteError, ZqsyncWarning
+from .errors import CallTimeout, EnqueuedInTransaction, ProtocolError, RemoteError, ZqsyncWarning
 from .wire import envelope
 from .worker.registry import Registry
 from .worker.runner import Runner, unsendable
 from .worker.status import TERMINAL
+from .worker.thread_limits import ThreadLimits
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +92,18 @@ class EagerJob(NamedTuple):
 
 
 class EagerRecorder:
-    """What an :func:`eager` block ran, and the stand-in worker's book. ``jobs`` lists every job run, in order.
+    """What an `eager` block ran, and the stand-in worker's book. ``jobs`` lists every job run, in order.
 
-    :ivar propagate: raise a job's final failure from ``enqueue`` (as :class:`RemoteError`).
+    :ivar propagate: raise a job's final failure from ``enqueue`` (as `RemoteError`).
     :ivar in_transaction: what a job enqueued inside an open database transaction does: ``"warn"``,
         ``"error"`` or ``"ignore"`` (the module docstring says why).
-    :ivar now: the block's clock, epoch seconds: the real time plus what :meth:`advance` added.
+    :ivar now: the block's clock, epoch seconds: the real time plus what `advance` added.
     """
 
     def __init__(self, registry: Registry, *, propagate: bool, in_transaction: str = "warn") -> None:
         if in_transaction not in ("warn", "error", "ignore"):
             raise ValueError(f"in_transaction must be 'warn', 'error' or 'ignore', got {in_transaction!r}")
-        self.runner = Runner(registry)
+        self.runner = Runner(registry, watchdog=ThreadLimits())
         self.propagate = propagate
         self.in_transaction = in_transaction
         self.jobs: list[EagerJob] = []
@@ -106,11 +113,11 @@ class EagerRecorder:
 
     @property
     def now(self) -> float:
-        """The block's clock, epoch seconds (float): the wall clock plus what :meth:`advance` added."""
+        """The block's clock, epoch seconds (float): the wall clock plus what `advance` added."""
         return time.time() + self._offset
 
     def check_transaction(self, task: str) -> None:
-        """Warn or raise (:attr:`in_transaction`) when a job is enqueued inside an open database transaction."""
+        """Warn or raise (`in_transaction`) when a job is enqueued inside an open database transaction."""
         if self.in_transaction == "ignore":
             return
         where = open_transaction()
@@ -256,14 +263,14 @@ def _error(info: tuple[str, str, str]) -> dict[str, str]:
 def eager(registry: Registry, *, propagate: bool = False, in_transaction: str = "warn") -> Iterator[EagerRecorder]:
     """Run every client's jobs and calls in this process, against ``registry``, within the block.
 
-    :param registry: the tasks to run (your app's :class:`~zqsync.worker.Registry`).
-    :param propagate: a job that fails for good raises :class:`RemoteError`
-        from ``enqueue`` (or from :meth:`EagerRecorder.advance` for a delayed
+    :param registry: the tasks to run (your app's `Registry`).
+    :param propagate: a job that fails for good raises `RemoteError`
+        from ``enqueue`` (or from `EagerRecorder.advance` for a delayed
         one); by default it is recorded in ``recorder.jobs``.
-    :param in_transaction: ``"warn"`` (:class:`ZqsyncWarning`), ``"error"``
-        (:class:`EnqueuedInTransaction` from ``enqueue``) or ``"ignore"``: a job
+    :param in_transaction: ``"warn"`` (`ZqsyncWarning`), ``"error"``
+        (`EnqueuedInTransaction` from ``enqueue``) or ``"ignore"``: a job
         enqueued inside an open Django transaction (module docstring).
-    :returns: an :class:`EagerRecorder` (``.jobs``, ``.failed()``, ``.advance()``).
+    :returns: an `EagerRecorder` (``.jobs``, ``.failed()``, ``.advance()``).
     :raises ProtocolError: (from ``enqueue``/``call``) an argument that the wire would refuse.
     :raises ConfigurationError: an option the client refuses, as without eager mode.
 
@@ -284,8 +291,13 @@ def eager(registry: Registry, *, propagate: bool = False, in_transaction: str = 
         if refused is not None:
             raise remote_error_of(envelope.decode_reply(refused))
 
-    def request(self: Client, frame: bytes, *_: Any, **__: Any) -> envelope.Reply:
-        return recorder.request(frame)
+    def request(self: Client, frame: bytes, request_id: str, task: str, timeout: float, *_: Any,
+                **__: Any) -> envelope.Reply:
+        started = time.monotonic()
+        reply = recorder.request(frame)
+        if time.monotonic() - started > timeout:  # a real caller gave up at its deadline; the task ran on
+            raise CallTimeout(task, timeout, list(self.endpoints))
+        return reply
 
     Client._send_job = send_job  # type: ignore[method-assign]
     Client._confirm = confirm  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""Every error zqsync raises, under one root: :class:`ZqsyncError`, and its one warning.
+"""Every error zqsync raises, under one root: `ZqsyncError`, and its one warning.
 
 Third-party errors (pyzmq, msgpack) are wrapped with ``raise ... from exc`` so
 callers need to catch only this hierarchy.
@@ -6,9 +6,9 @@ callers need to catch only this hierarchy.
 Every error pickles with its context attributes (urllib3's exceptions do the
 same), so one raised in a forked or spawned child reaches the parent intact.
 
-A worker names the errors it sends back by type name; :data:`REMOTE_ERRORS`
+A worker names the errors it sends back by type name; `REMOTE_ERRORS`
 is the one table, used by both sides, that maps those names to the
-:class:`RemoteError` subclass the client raises (redis-py's parser keeps
+`RemoteError` subclass the client raises (redis-py's parser keeps
 such a table for server error names).
 """
 
@@ -37,7 +37,7 @@ class ZqsyncError(Exception):
 
 
 class ClientClosed(ZqsyncError):
-    """The :class:`~zqsync.Client` was closed; build a new one to send more."""
+    """The `Client` was closed; build a new one to send more."""
 
 
 class ProcessFailed(ZqsyncError):
@@ -45,7 +45,7 @@ class ProcessFailed(ZqsyncError):
 
 
 class ForkFailed(ZqsyncError, AssertionError):
-    """A child forked by :func:`zqsync.testing.run_in_fork` hung, crashed, or exited without a result."""
+    """A child forked by `zqsync.testing.run_in_fork` hung, crashed, or exited without a result."""
 
 
 class ConfigurationError(ZqsyncError, ValueError):
@@ -131,7 +131,7 @@ class EnqueuedInTransaction(ZqsyncError):
 class JobNotFound(ZqsyncError, LookupError):
     """Every worker that could hold a job id answered that it does not (``Client.result``).
 
-    Raised at once for an id given as a plain ``str``. A :class:`~zqsync.client.jobs.Job` handle this
+    Raised at once for an id given as a plain ``str``. A `Job` handle this
     process's client returned is waited for instead (its plain job may still be on its way).
 
     :ivar job_id: the id looked for.
@@ -228,7 +228,7 @@ class DuplicateJob(RemoteError):
 
 
 #: Worker error type name -> the class the client raises. Names not listed
-#: (a task's own exception, such as ``ValueError``) raise :class:`RemoteError`.
+#: (a task's own exception, such as ``ValueError``) raise `RemoteError`.
 REMOTE_ERRORS: dict[str, type[RemoteError]] = {
     cls.__name__: cls
     for cls in (UnknownTask, NoJournal, TimeLimitExceeded, SoftTimeLimitExceeded, WorkerShutdown, WorkerStopping,
@@ -245,7 +245,7 @@ def remote_error(type_name: str, message: str, traceback: str = "", *, request_i
     return cls(type_name, message, traceback)
 
 
-#: Why a worker endpoint takes nothing; named by :class:`CallTimeout` and :class:`Congested`.
+#: Why a worker endpoint takes nothing; named by `CallTimeout` and `Congested`.
 UNREACHABLE_CAUSES = (
     "likely causes: the worker is down or not listening there, it refused this client's CURVE keys "
     "(see its log), the host name does not resolve (names resolve to IPv4; give IPv6 as [addr]), "
@@ -270,7 +270,7 @@ REMOTE_ERRORS[JobCancelled.__name__] = JobCancelled
 
 class JobExpired(JobCancelled):
     """``Client.result`` of a job that was not started by its expiry (``expires=``), so it never ran;
-    its state is ``expired``. A :class:`JobCancelled`: it ended without running, by no fault of its own.
+    its state is ``expired``. A `JobCancelled`: it ended without running, by no fault of its own.
 
     :ivar job_id: the job's id.
     """

@@ -10,12 +10,12 @@ silently in libzmq:
   monitor is no use here: libzmq's I/O thread sends each event with a *blocking* send, so a reader
   that does not keep pace with the retries stalls every connection of the context (measured: calls on
   a live connection took 1-2 s instead of 0.3 ms). So a worker and a supervisor ask
-  :func:`look` once a second instead: can this process open one more descriptor?
+  `look` once a second instead: can this process open one more descriptor?
 * a connecting socket's ``socket()`` call fails the same way; libzmq retries after its reconnect
-  interval and tells no one the errno. The client pool asks :func:`out_of_fds` when a request fails or
+  interval and tells no one the errno. The client pool asks `out_of_fds` when a request fails or
   a job is dropped (``pool.py``), off the fast path.
 
-Either is logged at ERROR with the limits and a hint (at most one line per :data:`LOG_INTERVAL`
+Either is logged at ERROR with the limits and a hint (at most one line per `LOG_INTERVAL`
 seconds and place) and counted.
 """
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
 #: Seconds between two ERROR lines for one place.
 LOG_INTERVAL = 10.0
-#: Seconds between two looks of a worker or supervisor (:func:`look`).
+#: Seconds between two looks of a worker or supervisor (`look`).
 CHECK_INTERVAL = 1.0
 WORKER_HINT = ("new clients cannot connect until descriptors free up (libzmq retries accept() silently): raise "
                "the limit (LimitNOFILE= in the systemd unit, docker run --ulimit nofile=N:N, ulimit -n N) or spread "
@@ -92,8 +92,8 @@ def out_of_fds() -> Optional[int]:
 
 
 def look(where: str) -> bool:
-    """A worker's or supervisor's look, every :data:`CHECK_INTERVAL` seconds: ``True`` if it cannot open one
-    more descriptor, which it then logs (:func:`report`, naming ``where``). Costs an ``open`` and a ``close``."""
+    """A worker's or supervisor's look, every `CHECK_INTERVAL` seconds: ``True`` if it cannot open one
+    more descriptor, which it then logs (`report`, naming ``where``). Costs an ``open`` and a ``close``."""
     code = out_of_fds()
     if code is None:
         return False

@@ -101,7 +101,7 @@ class RateLimitedLog:
         self.log(logging.WARNING, key, message, *args, exc_info=exc_info)
 
     def error(self, key: Hashable, message: str, *args: Any) -> None:
-        """As :meth:`warning`, at ERROR."""
+        """As `warning`, at ERROR."""
         self.log(logging.ERROR, key, message, *args)
 
     def log(self, level: int, key: Hashable, message: str, *args: Any, exc_info: bool = False) -> None:

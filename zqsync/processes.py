@@ -59,12 +59,12 @@ class WorkerProcess:
     :param concurrency: task slots.
     :param extra_args: more ``zqsync worker`` arguments.
     :param env: extra environment variables. ``TMPDIR`` defaults to the worker's own
-        temporary directory, which :meth:`kill` removes.
+        temporary directory, which `kill` removes.
     :param ready_timeout: seconds to wait for the worker to listen.
     :param nofile: ``(soft, hard)`` RLIMIT_NOFILE the worker process starts with (default: this
         process's); a hard limit below this process's cannot be raised again by the worker.
 
-    Use :meth:`start` (or the context manager) and :meth:`stop`.
+    Use `start` (or the context manager) and `stop`.
     ``endpoint`` is the bound base endpoint; output goes to ``log_path``.
     """
 

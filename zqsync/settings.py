@@ -1,6 +1,6 @@
 """Every default zqsync uses, with its unit, in one place (as RQ's ``defaults.py``).
 
-Environment variables are read by :meth:`ClientSettings.from_env`, which
+Environment variables are read by `ClientSettings.from_env`, which
 constructors call. Nothing is read at import time, so a process can set
 ``ZQSYNC_*`` after importing zqsync and before building a client.
 
@@ -29,9 +29,9 @@ environment variable       field                    unit         default
 ``ZQSYNC_EXPAND_PREFORK``  expand_prefork           0|1          0
 ========================== ======================== ============ ===========
 
-Durations are finite, at most :data:`MAX_SECONDS`; ``call_timeout`` and
+Durations are finite, at most `MAX_SECONDS`; ``call_timeout`` and
 ``confirm_timeout`` are more than 0 and ``confirm_retry`` at least
-:data:`MIN_CONFIRM_RETRY` (0.1 s). ``heartbeat`` drives ZMTP heartbeats on
+`MIN_CONFIRM_RETRY` (0.1 s). ``heartbeat`` drives ZMTP heartbeats on
 call (DEALER) sockets and TCP keepalive on job (send-only DEALER) sockets (``pool.py``).
 ``resolver`` and ``resolve_interval`` (more than 0) apply to endpoints that name hosts
 (``client/discovery.py``): the nameserver asked instead of the system's resolver, and the seconds
@@ -84,7 +84,7 @@ MAX_SECONDS = 1_000_000.0
 #: and a shorter wait only floods the worker with duplicates.
 MIN_CONFIRM_RETRY = 0.1
 
-#: Worker defaults (:class:`WorkerSettings`).
+#: Worker defaults (`WorkerSettings`).
 CONCURRENCY = 100
 GRACEFUL_TIMEOUT = 30.0
 BIND = "tcp://127.0.0.1:5555"
@@ -115,7 +115,7 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def check_seconds(name: str, value: Any, minimum: float = 0.0, *, inclusive: bool = True) -> float:
-    """``value`` as float seconds, finite, at most :data:`MAX_SECONDS` and at least ``minimum``
+    """``value`` as float seconds, finite, at most `MAX_SECONDS` and at least ``minimum``
     (more than ``minimum`` if not ``inclusive``).
 
     :raises ConfigurationError: anything else (NaN, infinity, a negative number, a non-number),
@@ -142,7 +142,7 @@ def _deadline(name: str, value: Any) -> float:
 
 
 def _keepalive(name: str, value: Any) -> float:
-    """Whole seconds (rounded up) from 1 to :data:`MAX_KEEPALIVE`: what a TCP keepalive option takes."""
+    """Whole seconds (rounded up) from 1 to `MAX_KEEPALIVE`: what a TCP keepalive option takes."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -250,7 +250,7 @@ class ClientSettings:
         return cls(**values)
 
     def with_overrides(self, **overrides: Any) -> "ClientSettings":
-        """A copy with the given fields replaced (``None`` means "keep"), checked like :meth:`from_env`."""
+        """A copy with the given fields replaced (``None`` means "keep"), checked like `from_env`."""
         merged = {**dataclasses.asdict(self), **{key: value for key, value in overrides.items() if value is not None}}
         return ClientSettings.from_env(env={}, **merged)
 
@@ -337,7 +337,7 @@ class WorkerSettings:
     :ivar state_dir: directory of the SQLite journal of confirmed jobs; ``None`` (and no ``journal``)
         refuses confirmed jobs.
     :ivar journal: the journal's URL: ``sqlite:///PATH`` (the same as ``state_dir=PATH``) or
-        ``postgresql://USER@HOST:PORT/DB`` (one database shared by a fleet); see :attr:`journal_url`.
+        ``postgresql://USER@HOST:PORT/DB`` (one database shared by a fleet); see `journal_url`.
     :ivar journal_sync: SQLite ``synchronous``, ``"NORMAL"`` or ``"FULL"``.
     :ivar journal_busy_timeout: seconds to wait for another process's journal write lock.
     :ivar journal_lease: seconds a worker process's lease on its PostgreSQL journal rows lasts unless
@@ -350,7 +350,7 @@ class WorkerSettings:
     :ivar keepalive_interval: seconds between probes; a connection is closed after three unanswered ones.
     :ivar curve_secret_key: the worker's ``.key_secret`` file; with ``allow_client_keys``, CURVE only.
     :ivar allow_client_keys: directory of allowed client public keys (``*.key``).
-    :ivar queues: named job queues, highest priority first (:class:`QueueSpec`,
+    :ivar queues: named job queues, highest priority first (`QueueSpec`,
         or their ``NAME[:CONCURRENCY]=ENDPOINT`` text).
     :ivar remote_tracebacks: send a failed call's formatted traceback to the client; ``False``
         sends only the exception's type and message (untrusted clients, secrets in paths or values).

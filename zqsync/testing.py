@@ -3,31 +3,31 @@
 Fixtures
     ``zq_worker``: a factory; ``zq_worker("myapp.tasks:registry")`` starts a
     real ``zqsync worker`` process on ephemeral 127.0.0.1 ports and returns a
-    :class:`~zqsync.processes.WorkerProcess` (``.endpoint``, ``.pid``,
+    `WorkerProcess` (``.endpoint``, ``.pid``,
     ``.stats()``, ``.identities()``). Every worker still running at teardown
     is SIGKILLed with its process group (a test of the warm shutdown calls
     ``worker.stop()`` itself).
 
     ``zq_inprocess``: a factory; ``zq_inprocess(registry, **settings)`` serves
     ``registry`` with the real worker core in a thread of the test process and
-    returns a started :class:`~zqsync.worker.inprocess.InProcessWorker`
+    returns a started `InProcessWorker`
     (``.endpoint``, ``.wait(condition)``, ``.join(finished)``, ``.stop()``): for
     tests of task semantics (retries, time limits of tasks that yield, hooks,
     results, cancel) with no subprocess and no polling. Each is stopped at teardown.
 
     ``zq_async_client``: a factory; ``zq_async_client(endpoint, **settings)`` returns a
-    :class:`zqsync.aio.AsyncClient` (``await client.call(...)`` in the test's coroutines, which
+    `zqsync.aio.AsyncClient` (``await client.call(...)`` in the test's coroutines, which
     ``asyncio.run`` runs); each is closed at teardown.
 
-    ``zq_peer``: a worker serving :data:`peer_registry`, whose tasks answer at
+    ``zq_peer``: a worker serving `peer_registry`, whose tasks answer at
     once (``echo``), late (``delay``) or never (``drop``), and which records the
     ZMQ identity of every socket that calls it (``.identities()``).
 
 Helpers
-    :func:`run_in_fork` runs a function in a forked child and returns its
+    `run_in_fork` runs a function in a forked child and returns its
     value or re-raises its exception.
 
-    :func:`eager` (from ``zqsync/eager.py``) runs every client's jobs and
+    `eager` (from ``zqsync/eager.py``) runs every client's jobs and
     calls in the test's own process, for an app's fast unit tests.
 """
 
@@ -85,7 +85,7 @@ def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwa
     :raises Exception: the child's exception, re-raised, with the child's
         traceback as its ``__notes__``.
     :raises ForkFailed: the child hung past ``timeout`` (the message then
-        gives its threads' stacks at 0.8 x ``timeout``, from :mod:`faulthandler`,
+        gives its threads' stacks at 0.8 x ``timeout``, from `faulthandler`,
         and under gevent its greenlets'),
         exited non-zero, or died by a signal.
     """
@@ -222,7 +222,7 @@ def zq_async_client() -> Iterator[Callable[..., Any]]:
 
 @pytest.fixture
 def zq_peer(zq_worker: Callable[..., WorkerProcess]) -> Callable[..., WorkerProcess]:
-    """Factory fixture: ``zq_peer()`` starts a worker serving :data:`peer_registry`."""
+    """Factory fixture: ``zq_peer()`` starts a worker serving `peer_registry`."""
 
     def start(**kwargs: Any) -> WorkerProcess:
         return zq_worker("zqsync.testing:peer_registry", **kwargs)

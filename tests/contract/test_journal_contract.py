@@ -259,6 +259,31 @@ def test_requeue_makes_dead_and_done_jobs_pending_again_for_any_worker(backend):
     assert sorted(row.id for row in me.take_replays(10)) == ["dead", "done"]
 
 
+def test_a_requeue_as_of_a_listing_leaves_rows_changed_since_alone(backend):
+    owner, admin = backend.owner(), backend.open()
+    owner.write([("a", "t", b"", 0), ("b", "t", b"", 0)])
+    owner.write(starts=[Start("a", SHARED, 0.0), Start("b", SHARED, 0.0)])
+    owner.write(outcomes=[Outcome("a", "dead", 1, 0.0, "E: a"), Outcome("b", "dead", 1, 0.0, "E: b")])
+    listed = max(row.updated_at for row in admin.rows(("dead",)))
+    assert admin.requeue(all_dead=True, as_of=listed) == 2
+    assert owner.claim(["t"]).claimed == 2 and len(owner.take_replays(10)) == 2
+    owner.write(starts=[Start("a", SHARED, 0.0), Start("b", SHARED, 0.0)])
+    owner.write(outcomes=[Outcome("a", "dead", 1, 0.0, "E: a"), Outcome("b", "done", 1, 0.0, None, b"x")])
+    assert admin.requeue(all_dead=True, as_of=listed) == 0, "the same click again: they died after the listing"
+    assert admin.requeue(["a", "b"], as_of=listed) == 0
+    assert admin.requeue(["a"]) == 1, "without as_of, as before"
+
+
+def test_pending_rows_are_split_by_running_and_due(backend):
+    owner, admin = backend.owner(), backend.open()
+    owner.write([("ready", "t", b"", 0), ("delayed", "t", b"", 0, time.time() + 3600), ("run", "t", b"", 0)])
+    owner.write(starts=[Start("run", SHARED, time.time() + 60)])
+    owner.write([("done", "t", b"", 0)], outcomes=[])
+    owner.write(outcomes=[Outcome("done", "done", 1, 0.0, None, b"x")])
+    assert sorted(admin.pending_split(time.time())) == [
+        (owner.token, False, False, 1), (owner.token, False, True, 1), (owner.token, True, True, 1)]
+
+
 def test_purge_deletes_old_finished_rows_and_never_pending_ones(backend):
     journal = backend.owner()
     journal.write([("done", "t", b"", 0), ("dead", "t", b"", 0), ("gone", "t", b"", 0), ("pending", "t", b"", 0)])

@@ -132,3 +132,27 @@ def test_the_bash_completion_script_completes_commands_and_their_options(tmp_pat
               "COMP_WORDS=(zqsync worker --proc); COMP_CWORD=2; _shtab_zqsync; echo \"${COMPREPLY[*]}\"\n")
     completed = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
     assert completed.stdout.split("\n")[:2] == ["worker", "--processes"], completed.stdout + completed.stderr
+
+
+@pytest.mark.parametrize("how", ["worker metrics", "prefork metrics", "dashboard"])
+def test_a_metrics_or_dashboard_port_in_use_is_one_line_and_exit_1(how):
+    pytest.importorskip("prometheus_client" if "metrics" in how else "flask")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = ["worker", "zqsync.demo.tasks", "--bind", "tcp://127.0.0.1:0", "--metrics-port", str(port)]
+        argv = {"worker metrics": worker, "prefork metrics": [*worker, "--processes", "2"],
+                "dashboard": ["dashboard", "tcp://127.0.0.1:9", "--bind", f"127.0.0.1:{port}"]}[how]
+        result = zqsync_cli(*argv)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2, result.stderr  # the INFO line on descriptors, and this
+
+
+def test_a_malformed_bind_is_named_as_the_bind_option():
+    result = zqsync_cli("worker", "zqsync.demo.tasks", "--bind", "tcp://nonsense")
+    assert result.returncode == 1
+    assert result.stderr.startswith("zqsync worker: --bind: worker endpoint must look like tcp://HOST:PORT"), \
+        result.stderr

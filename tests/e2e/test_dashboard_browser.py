@@ -22,7 +22,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1300,1500")
+         "--disable-dev-shm-usage", "--window-size=1400,2000")
 
 pytestmark = [
     pytest.mark.processes_only,
@@ -32,6 +32,7 @@ pytestmark = [
 ]
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
 
 
 @pytest.fixture
@@ -74,7 +75,7 @@ def _job_state(client, job_id: str) -> str:
 
 
 def test_dashboard_in_a_real_browser(browser, zq_worker, tmp_path, root):
-    plain = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state")])
+    plain = zq_worker(TASKS, extra_args=["--state-dir", str(tmp_path / "state"), "--queue", "slow:1=tcp://127.0.0.1:0"])
     prefork = zq_worker(TASKS, extra_args=["--processes", "2"])
     dashboard = Dashboard([plain.endpoint, prefork.endpoint])
     try:
@@ -101,19 +102,39 @@ def test_dashboard_in_a_real_browser(browser, zq_worker, tmp_path, root):
                  what="jobs/s above 0 in the chart")
         assert browser.execute_script(canvas) != drawn, "the throughput chart was not redrawn"
 
+        # The jobs themselves: recent plain jobs with their results, and each worker's named queues.
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#recent tr[data-state="done"]'), what="recent plain jobs")
+        assert set(_texts(browser, '#recent tr[data-state="done"] td:nth-child(7)')) == {"3"}
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '#queues tr[data-queue="slow"]'), what="the named queue")
+
         flag = str(tmp_path / "flag")
         with zqsync.Client(plain.endpoint) as client:
             dead = client.enqueue_with_options("needs_file", args=[flag], confirm=True)
             delayed = client.enqueue_with_options("add", args=[1, 2], delay=3600)
+            client.enqueue("needs_file", str(tmp_path / "never"))
+            held = client.enqueue("hold", 60.0)
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#dead tr[data-id="{dead}"]'), what="the dead job row")
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#pending tr[data-id="{delayed}"]'),
                      what="the scheduled job row")
+            assert "scheduled" in _texts(browser, f'#pending tr[data-id="{delayed}"] td')
+            wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, f'#running tr[data-id="{held}"]'), what="the running job")
+            assert "60.0" in _texts(browser, f'#running tr[data-id="{held}"] td:nth-child(5)')
+            Select(browser.find_element(By.ID, "filter-state")).select_by_visible_text("failed")
+            browser.find_element(By.CSS_SELECTOR, "#recent-filter button").click()
+            wait_for(lambda: (lambda states: states and set(states) == {"failed"})(
+                _texts(browser, "#recent tbody td:nth-child(6)")), what="only failed jobs listed")
+            assert any("never" in text for text in _texts(browser, "#recent tbody td:nth-child(5)"))
             browser.save_screenshot(str(tmp_path / "dashboard.png"))
+            _click_and_confirm(browser, f'#running tr[data-id="{held}"] button')
+            wait_for(lambda: f"cancelled job {held}" in browser.find_element(By.ID, "action-result").text,
+                     what="the running job cancelled")
             open(flag, "w").close()
             _click_and_confirm(browser, f'#dead tr[data-id="{dead}"] button')
             wait_for(lambda: _job_state(client, dead) == "done", what="the requeued job to run")
             _click_and_confirm(browser, f'#pending tr[data-id="{delayed}"] button')
             wait_for(lambda: _job_state(client, delayed) == "cancelled", what="the scheduled job cancelled")
+        blocked = [entry for entry in browser.get_log("browser") if "Content Security Policy" in entry["message"]]
+        assert not blocked, blocked
         browser.find_element(By.ID, "lookup-id").send_keys(dead)
         browser.find_element(By.CSS_SELECTOR, "#lookup button").click()
         try:

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(SECONDS + 90)
 
 def _beat(endpoint, log_path):
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "zqsync", "beat", APP, endpoint], stdout=log,
+        return subprocess.Popen([sys.executable, "-m", "zqsync", "beat", APP, endpoint,
+                                 "--schedule-file", f"{log_path}.schedule.json"], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
 

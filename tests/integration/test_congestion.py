@@ -112,16 +112,23 @@ def test_mark_cannot_stick_when_the_worker_drains_between_deadline_and_mark(stop
     STATE._marked.discard(client.endpoints[0])  # the next job takes the waiting (unmarked) path
     real_send = transport.send
 
+    drained = []
+
     def send_then_drain(sock, frame, timeout):
         sent = real_send(sock, frame, timeout)
         if not sent and timeout:
             os.kill(worker.pid, signal.SIGCONT)
             wait_for(lambda: worker.stats()["jobs_received"] > 1, what="the worker to drain")
+            drained.append(True)
         return sent
 
     monkeypatch.setattr(congestion.transport, "send", send_then_drain)
-    client.enqueue_with_options("echo", args=(PAYLOAD,), congestion="drop")
+    for _ in range(200):  # the kernel's buffers may still take a job or two (TCP autotuning) before one fails
+        client.enqueue_with_options("echo", args=(PAYLOAD,), congestion="drop")
+        if drained:
+            break
     monkeypatch.setattr(congestion.transport, "send", real_send)
+    assert drained, "200 DROP sends to the stopped worker all went out: the window was never reached"
     assert STATE.is_marked(client.endpoints[0]), "the window was hit: dropped and marked after the drain"
 
     # The very next job probes, succeeds against the drained worker, and clears the mark. Drained: the

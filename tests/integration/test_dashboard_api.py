@@ -146,11 +146,11 @@ def test_dead_job_requeued_runs_and_a_delayed_job_is_cancelled(zq_worker, dashbo
     open(flag, "w").close()
     answer = session.post(dashboard.url + "/api/requeue", json={"endpoint": worker.endpoint, "ids": [dead]},
                           headers=headers, timeout=10)
-    assert answer.status_code == 200 and answer.json()["result"] == 1
+    assert answer.status_code == 200 and answer.json()["result"]["requeued"] == 1
     wait_for(lambda: requests.get(f"{dashboard.url}/api/job/{dead}", timeout=10).json()["found"][0]["result"]["state"]
              == "done", what="the requeued job to run")
 
-    pending = requests.get(dashboard.url + "/api/jobs?state=pending", timeout=10).json()["workers"][0]["result"]["rows"]
+    pending = requests.get(dashboard.url + "/api/jobs?state=scheduled", timeout=10).json()["workers"][0]["result"]["rows"]
     assert [row["id"] for row in pending] == [delayed] and pending[0]["due"] > 0
     answer = session.post(dashboard.url + "/api/cancel", json={"endpoint": worker.endpoint, "id": delayed},
                           headers=headers, timeout=10)

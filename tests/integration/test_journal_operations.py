@@ -67,8 +67,9 @@ def test_dead_letters_are_listed_with_their_arguments_refused_as_duplicates_requ
                                         confirm=True, job_id=job_id)
         wait_for(lambda: len(listed(state, "--state", "dead")) == 3, what="three dead letters")
         [row] = listed(state, "--id", "dead-1")
-        assert (row["state"], row["attempts"], row["args"], row["kwargs"]) == (
-            "dead", 1, [str(out), "dead-1"], {"marker": str(marker)})
+        # Named as client.job() names it: a dead letter of a task without retries is "failed".
+        assert (row["state"], row["stored_state"], row["attempts"], row["args"], row["kwargs"]) == (
+            "failed", "dead", 1, [str(out), "dead-1"], {"marker": str(marker)})
         assert f"{marker} is missing" in row["error"]
         table = jobs_cli(state, "--state", "dead").stdout
         assert '"kwargs": {"marker"' in table and "dead-2" in table

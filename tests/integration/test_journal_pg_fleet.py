@@ -92,11 +92,11 @@ def test_the_dashboard_watching_one_worker_lists_requeues_and_cancels_the_other_
         assert [(row["id"], row["task"]) for row in rows] == [(dead, "needs_file")]
         assert get(f"/api/job/{dead}")["found"][0]["result"]["state"] in ("dead", "failed")
         open(flag, "w").close()
-        assert post("/api/requeue", {"ids": [dead]}) == 1
+        assert post("/api/requeue", {"ids": [dead]})["requeued"] == 1
         wait_for(lambda: get(f"/api/job/{dead}")["found"][0]["result"]["state"] == "done",
                  what="the requeued job to run on either worker")
-        pending = get("/api/jobs?state=pending")["workers"][0]["result"]["rows"]
-        assert [row["id"] for row in pending] == [delayed]
+        scheduled = get("/api/jobs?state=scheduled")["workers"][0]["result"]["rows"]
+        assert [row["id"] for row in scheduled] == [delayed]
         assert post("/api/cancel", {"id": delayed})["cancelled"] is True
         assert get("/api/jobs")["workers"][0]["result"]["counts"] == {"done": 1, "cancelled": 1}
     finally:

@@ -7,10 +7,12 @@ import math
 import socket
 import time
 
+import msgpack
 import pytest
 
 import zqsync
 from tests.helpers import slack, wait_for
+from zqsync.demo.tasks import registry as demo_registry
 from zqsync.errors import ProcessFailed
 from zqsync.wire import envelope
 
@@ -40,6 +42,24 @@ def test_a_job_the_worker_would_refuse_raises_before_sending_and_later_jobs_all_
         wait_for(lambda: target.exists() and len(target.read_text().split()) == 200, what="the 200 jobs after it")
         stats = worker.stats()
         assert stats["malformed"] == 0 and stats["disconnections_jobs"] == 0
+
+
+@pytest.mark.parametrize("value", [msgpack.ExtType(5, b"x"), {"when": [msgpack.Timestamp(1, 0)]}],
+                         ids=["ext-type", "nested-timestamp"])
+def test_a_msgpack_extension_is_refused_before_sending_and_the_worker_sees_no_malformed_frame(zq_inprocess, value):
+    """Before the fix msgpack packed it, enqueue returned an id and the worker dropped the frame as malformed
+    (it refuses every extension type), and a call got a worker's error reply instead of a ProtocolError."""
+    worker = zq_inprocess(demo_registry)
+    with zqsync.Client(worker.endpoint, call_timeout=slack(10.0)) as client:
+        with pytest.raises(zqsync.ProtocolError, match="msgpack extension"):
+            client.enqueue("echo", value)
+        with pytest.raises(zqsync.ProtocolError, match="msgpack extension"):
+            client.call("echo", value)
+        assert client.stats()["enqueued"] == 0
+        client.enqueue("echo", "after it")
+        counters = worker.join(1, timeout=slack(10.0))
+        assert client.call("echo", "still served") == "still served"
+    assert counters["malformed"] == 0 and counters["jobs_succeeded"] == 1, counters
 
 
 def test_a_17_mib_call_raises_protocol_error_naming_the_limit_at_once(zq_worker):

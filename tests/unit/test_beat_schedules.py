@@ -128,3 +128,60 @@ def test_a_clock_that_jumps_during_a_wait_sends_no_stale_tick(catch_up, jump):
         assert beat.counters["ticks_skipped"] == (12 if catch_up == "latest" else 13)
     else:  # back an hour: 10:10 is sent once the clock reaches it again
         assert first_after == ten_ten and beat.counters["ticks_skipped"] == 0
+
+
+@pytest.mark.parametrize("catch_up", ["skip", "latest"])
+def test_a_restarted_beat_counts_and_logs_the_ticks_it_missed_while_down(catch_up, tmp_path, caplog):
+    """The schedule file (Celery beat's ``celerybeat-schedule``) keeps each task's last handled tick, so
+    a beat restarted after downtime knows which ticks passed while no beat ran."""
+    periodic = Periodic.build("t", every=10, catch_up=catch_up)
+    schedule = str(tmp_path / "beat-schedule.json")
+
+    def run_until(clock, sent_count):
+        sent = []
+
+        def enqueue(task, args, kwargs, job_id):
+            sent.append(job_id)
+
+        def wait(seconds):
+            clock.now += seconds
+            if len(sent) >= sent_count:
+                beat.stop()
+
+        beat = Beat([periodic], enqueue, clock=clock, wait=wait, schedule_file=schedule)
+        beat.run()
+        return beat, sent
+
+    clock = FakeClock(1000.5)
+    first, sent = run_until(clock, 3)
+    first_ticks = (1000.0, 1010.0, 1020.0) if catch_up == "latest" else (1010.0, 1020.0, 1030.0)
+    assert sent == [periodic.job_id(t) for t in first_ticks] and first.counters["ticks_skipped"] == 0
+    clock.now = 1065.0  # down until 1065: the ticks after the last one sent, up to 1060, passed unsent
+    with caplog.at_level("WARNING", logger="zqsync.beat"):
+        second, sent = run_until(clock, 1)
+    if catch_up == "latest":  # 1030, 1040 and 1050 skipped; 1060, the latest, sent once
+        assert (second.counters["ticks_skipped"], sent) == (3, [periodic.job_id(1060.0)])
+    else:  # 1040, 1050 and 1060 skipped; the next, 1070, sent on time
+        assert (second.counters["ticks_skipped"], sent) == (3, [periodic.job_id(1070.0)])
+    assert "skipped" in caplog.text and "while the beat was late" in caplog.text
+
+
+def test_ticks_are_utc_and_a_local_dst_change_moves_no_tick(monkeypatch):
+    """Ticks are UTC instants: across Europe/Berlin's spring-forward and fall-back nights a daily
+    ``cron`` tick is neither sent twice nor skipped, and stays at the same UTC time."""
+    import time as time_module
+
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time_module.tzset()
+    try:
+        periodic = Periodic.build("t", cron="30 1 * * *")
+        for night in (1774746000.0, 1792890000.0):  # 2026-03-29 01:00 UTC and 2026-10-25 01:00 UTC
+            ticks, tick = [], night - 2 * 86400
+            while tick < night + 2 * 86400:
+                tick = periodic.next_after(tick)
+                ticks.append(tick)
+            assert all(later - earlier == 86400 for earlier, later in zip(ticks, ticks[1:])), ticks
+            assert all(tick % 86400 == 1 * 3600 + 30 * 60 for tick in ticks)
+    finally:
+        monkeypatch.delenv("TZ")
+        time_module.tzset()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import zqsync
+from tests.helpers import slack
 from zqsync.testing import eager
 from zqsync.worker import Registry
 
@@ -140,3 +141,83 @@ def test_unknown_tasks_and_unencodable_results_go_as_on_a_worker(fresh):
             fresh.result(job_id)
     assert raised.value.remote_type == "TypeError"
     assert [(job.task, job.value[0]) for job in recorder.failed()] == [("nosuch", "UnknownTask"), ("huge", "TypeError")]
+
+
+@registry.task(time_limit=0.3)
+def spin(seconds):
+    """A pure-Python loop that never yields: only a thread outside it can stop it."""
+    import time
+
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        pass
+    return "spun"
+
+
+@registry.task(time_limit=2.0, soft_time_limit=0.2)
+def spin_and_clean_up(seconds):
+    import time
+
+    until = time.monotonic() + seconds
+    try:
+        while time.monotonic() < until:
+            pass
+    except zqsync.SoftTimeLimitExceeded:
+        ran.append(("cleaned up",))
+        raise
+    return "spun"
+
+
+def test_time_limits_hold_in_eager_mode_for_code_that_never_yields(fresh):
+    """A worker ends a task that holds the GIL past its limit (its watchdog); eager mode stops it too,
+    from a native thread, with the same error, and the caller's code after the task is not touched."""
+    import time
+
+    with eager(registry):
+        started = time.monotonic()
+        with pytest.raises(zqsync.TimeLimitExceeded):
+            fresh.call_with_options("spin", args=(5.0,), timeout=10.0)
+        took = time.monotonic() - started
+        with pytest.raises(zqsync.SoftTimeLimitExceeded):
+            fresh.call_with_options("spin_and_clean_up", args=(5.0,), timeout=10.0)
+        assert fresh.call("spin", 0.05) == "spun"
+        spun_after = time.monotonic()
+        while time.monotonic() < spun_after + 0.5:  # past the limit of the call that returned: no late error
+            pass
+    assert took < slack(2.0), f"the 0.3 s limit stopped a 5 s loop only after {took:.2f} s"
+    assert ran == [("cleaned up",)]
+
+
+def test_eager_time_limits_stop_the_task_in_the_thread_that_runs_it(fresh):
+    import threading
+
+    outcome = []
+
+    def in_a_thread():
+        try:
+            fresh.call_with_options("spin", args=(5.0,), timeout=10.0)
+        except zqsync.TimeLimitExceeded as exc:
+            outcome.append(type(exc).__name__)
+
+    with eager(registry):
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join(timeout=10)
+    assert outcome == ["TimeLimitExceeded"] and not thread.is_alive()
+
+
+@registry.task
+def nap(seconds):
+    import time
+
+    time.sleep(seconds)
+    return "rested"
+
+
+def test_a_call_that_outlasts_its_timeout_raises_call_timeout_as_a_real_client_would(fresh):
+    """A real caller gives up at its deadline while the worker finishes the task: the task runs here
+    too (eager mode has no second process to leave it to), and then the caller sees ``CallTimeout``."""
+    with eager(registry):
+        with pytest.raises(zqsync.CallTimeout):
+            fresh.call_with_options("nap", args=(0.3,), timeout=0.1)
+        assert fresh.call_with_options("nap", args=(0.0,), timeout=5.0) == "rested"

@@ -1,5 +1,5 @@
-"""zqsync for asyncio: :class:`AsyncClient` (``await enqueue``, ``await call``, ``await result``) and
-:class:`AsyncTask` (``await AsyncTask(add).acall(1, 2)``), over the sync client's wire.
+"""zqsync for asyncio: `AsyncClient` (``await enqueue``, ``await call``, ``await result``) and
+`AsyncTask` (``await AsyncTask(add).acall(1, 2)``), over the sync client's wire.
 
 ``client.py`` sends; ``pool.py`` leases ``zmq.asyncio`` sockets per running event loop and per
 process; ``transport.py`` bounds each send and receive; ``lookups.py`` finds and waits for jobs;

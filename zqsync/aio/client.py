@@ -1,11 +1,11 @@
 """AsyncClient: ``await enqueue``, ``await call``, ``await result`` from asyncio code, over the sync client's wire.
 
 Requests are the sync client's frames (``zqsync/wire/envelope.py``, built by the same functions) on
-``zmq.asyncio`` DEALER sockets from an :class:`~zqsync.aio.pool.AsyncSocketPool` (keyed per running
+``zmq.asyncio`` DEALER sockets from an `AsyncSocketPool` (keyed per running
 event loop and per process). Nothing blocks the event loop: every wait is an ``await`` on the
 socket's descriptor, bounded by the same deadlines as the sync client's.
 
-What it shares with :class:`zqsync.Client`: the settings (``ClientSettings``), the envelope and
+What it shares with `zqsync.Client`: the settings (``ClientSettings``), the envelope and
 its checks, congestion control for plain jobs (``CongestionState``'s marks, drop counter and
 ``CONNECT_GRACE``, process-wide), the rendezvous hashing of confirmed jobs and the down-worker
 view with its background probes (``health.py``). What it leaves out, documented in
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Un
 import zmq
 
 from ..client import health
-from ..client.client import _task_name, job_request
+from ..client.client import _task_name, call_result, call_timeout, job_request
 from ..client.congestion import STATE as CONGESTION
 from ..client.congestion import CongestionControl
 from ..client.jobs import JobStatus
@@ -35,7 +35,7 @@ from ..client.lookups import remote_error_of
 from ..client.pool import SocketPool
 from ..client.rendezvous import FAILOVER_ATTEMPTS, Route
 from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, Unconfirmed
-from ..settings import ClientSettings, check_seconds
+from ..settings import ClientSettings
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 
 class AsyncJob(str):
-    """A job id as :meth:`AsyncClient.enqueue` returns it: a ``str`` with awaitable ``result()``,
+    """A job id as `AsyncClient.enqueue` returns it: a ``str`` with awaitable ``result()``,
     ``status()`` and ``cancel()`` on the client that sent it (pickled as the plain id)."""
 
     client: "AsyncClient"
@@ -62,15 +62,15 @@ class AsyncJob(str):
         return (str, (str(self),))
 
     async def result(self, *, timeout: Optional[float] = None) -> Any:
-        """:meth:`AsyncClient.result` of this job."""
+        """`AsyncClient.result` of this job."""
         return await self.client.result(self, timeout=timeout)
 
     async def status(self, *, timeout: Optional[float] = None) -> JobStatus:
-        """:meth:`AsyncClient.job` of this job."""
+        """`AsyncClient.job` of this job."""
         return await self.client.job(self, timeout=timeout)
 
     async def cancel(self, *, timeout: Optional[float] = None) -> JobStatus:
-        """:meth:`AsyncClient.cancel` of this job."""
+        """`AsyncClient.cancel` of this job."""
         return await self.client.cancel(self, timeout=timeout)
 
 
@@ -87,13 +87,13 @@ class AsyncClient:
 
     :param endpoints: a worker's base endpoint ``"tcp://HOST:PORT"`` (jobs on PORT, calls on PORT+1),
         or a list of them. IP addresses or host names that libzmq resolves; not ``srv://``.
-    :param settings: a :class:`~zqsync.settings.ClientSettings`; default ``ZQSYNC_*`` variables.
-    :param overrides: ``ClientSettings`` fields, as for :class:`zqsync.Client`: ``pool_size`` (sockets
+    :param settings: a `ClientSettings`; default ``ZQSYNC_*`` variables.
+    :param overrides: ``ClientSettings`` fields, as for `zqsync.Client`: ``pool_size`` (sockets
         per event loop, process and endpoint set), ``call_timeout``, ``send_timeout``,
         ``confirm_timeout``, ``confirm_retry``, ``lease_timeout``, ``linger``, ``wait_before_drop``
         (seconds), ``congestion``, ``hwm``, ``heartbeat``, ``connect_timeout``, ``probe_timeout``,
         ``probe_backoff``, ``probe_backoff_max``.
-    :param curve: :class:`zqsync.Curve` keys for workers that require CURVE.
+    :param curve: `zqsync.Curve` keys for workers that require CURVE.
     :raises ConfigurationError: no endpoint, a malformed one, an ``srv://`` one, or a bad setting.
 
     Building it opens nothing. Sockets are opened on first use in each running event loop (and
@@ -134,8 +134,8 @@ class AsyncClient:
     async def enqueue(self, task: str, *args: Any, **kwargs: Any) -> AsyncJob:
         """Send a plain job, at most once, under the client's congestion control.
 
-        :returns: the job id (32 hex characters) as an :class:`AsyncJob`; under DROP a dropped job's
-            id is still returned, and the drop counted (:meth:`stats`) and logged.
+        :returns: the job id (32 hex characters) as an `AsyncJob`; under DROP a dropped job's
+            id is still returned, and the drop counted (`stats`) and logged.
         :raises Congested: BLOCK, and no worker took the job within ``send_timeout``.
         :raises ProtocolError: an argument cannot be serialised (nothing is sent).
         :raises PoolError: no pooled socket came free within ``lease_timeout``.
@@ -149,7 +149,7 @@ class AsyncClient:
         eta: Optional[datetime.datetime] = None, store_result: bool = False, deadline: Optional[float] = None,
         expires: Union[float, datetime.datetime, None] = None,
     ) -> AsyncJob:
-        """Send a job with per-call options, as :meth:`zqsync.Client.enqueue_with_options` documents them.
+        """Send a job with per-call options, as `zqsync.Client.enqueue_with_options` documents them.
 
         With ``confirm=True`` (or ``delay``/``eta``), waits until a worker acknowledges that the job
         is durable in its journal (at least once), retrying with the same id every ``confirm_retry``
@@ -204,7 +204,7 @@ class AsyncClient:
         """Run a task on a worker and return its result.
 
         :returns: the task's return value, as msgpack decodes it.
-        :raises RemoteError: the task raised; :class:`UnknownTask` if no such task.
+        :raises RemoteError: the task raised; `UnknownTask` if no such task.
         :raises CallTimeout: no reply within ``call_timeout``.
         :raises PoolError: no pooled socket came free within ``lease_timeout``.
 
@@ -215,7 +215,7 @@ class AsyncClient:
 
     async def call_with_options(self, task: str, *, args: Iterable[Any] = (),
                                 kwargs: Optional[Mapping[str, Any]] = None, timeout: Optional[float] = None) -> Any:
-        """:meth:`call` with per-call options.
+        """`call` with per-call options.
 
         :param timeout: seconds for this call (default ``call_timeout``); the request carries it, so a
             worker that reads it too late does not run it.
@@ -229,13 +229,10 @@ class AsyncClient:
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
-        if reply.ok:
-            return reply.result
-        self._counts["call_errors"] += 1
-        raise remote_error_of(reply)
+        return call_result(reply, self._counts)
 
     def _timeout(self, timeout: Optional[float]) -> float:
-        return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+        return call_timeout(self.settings, timeout)
 
     async def call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                       address: Optional[str] = None) -> envelope.Reply:
@@ -247,7 +244,7 @@ class AsyncClient:
     async def _request(self, frame: bytes, request_id: str, task: str, timeout: float, address: Optional[str],
                        send_within: Optional[float] = None) -> envelope.Reply:
         """One request and its reply on a pooled socket, within ``timeout`` seconds in all (``send_within``
-        for the send, if given: :class:`health.Unsent` when no connection took it)."""
+        for the send, if given: `health.Unsent` when no connection took it)."""
         deadline = time.monotonic() + timeout
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
         async with self._calls.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
@@ -265,28 +262,28 @@ class AsyncClient:
     # -- job handles ---------------------------------------------------------------
 
     async def job(self, job_id: str, *, timeout: Optional[float] = None) -> JobStatus:
-        """The status of ``job_id``, from its preferred worker first (:meth:`zqsync.Client.job`)."""
+        """The status of ``job_id``, from its preferred worker first (`zqsync.Client.job`)."""
         self._check_open()
         return await lookups.locate(self, job_id, self._timeout(timeout))
 
     async def result(self, job_id: str, *, timeout: Optional[float] = None) -> Any:
-        """Wait until ``job_id`` finishes and return its result (:meth:`zqsync.Client.result`): long-polls the
+        """Wait until ``job_id`` finishes and return its result (`zqsync.Client.result`): long-polls the
         worker holding it, without blocking the loop.
 
         :param timeout: seconds in all (default ``call_timeout``).
-        :raises RemoteError: the job failed, is dead or was cancelled (:class:`JobCancelled`).
+        :raises RemoteError: the job failed, is dead or was cancelled (`JobCancelled`).
         :raises CallTimeout: it did not finish within ``timeout``.
         """
         self._check_open()
         return await lookups.result(self, job_id, self._timeout(timeout))
 
     async def cancel(self, job_id: str, *, timeout: Optional[float] = None) -> JobStatus:
-        """Cancel ``job_id`` (:meth:`zqsync.Client.cancel`); its status after the attempt."""
+        """Cancel ``job_id`` (`zqsync.Client.cancel`); its status after the attempt."""
         self._check_open()
         return await lookups.locate(self, job_id, self._timeout(timeout), admin_call="zqsync.cancel")
 
     def task(self, handle: "TaskHandle[P, R]") -> "AsyncTask[P, R]":
-        """An :class:`~zqsync.aio.AsyncTask` sending ``handle`` (a ``@registry.task``) through this client."""
+        """An `AsyncTask` sending ``handle`` (a ``@registry.task``) through this client."""
         from .tasks import AsyncTask
 
         return AsyncTask(handle, self)
@@ -296,7 +293,7 @@ class AsyncClient:
     def stats(self) -> dict[str, Any]:
         """Counters of this client in this process: ``enqueued``, ``dropped``, ``confirmed``,
         ``confirm_retries``, ``calls``, ``call_errors``, ``call_timeouts``, and ``"job_sockets"`` /
-        ``"call_sockets"``: each pool's :meth:`AsyncSocketPool.stats`."""
+        ``"call_sockets"``: each pool's `AsyncSocketPool.stats`."""
         return {**self._counts, "job_sockets": self._jobs.stats(), "call_sockets": self._calls.stats()}
 
     def close(self, *, linger: Optional[float] = None) -> None:
@@ -306,7 +303,7 @@ class AsyncClient:
         _close_pools(self._jobs, self._calls, self._probes, linger)
 
     async def aclose(self, *, linger: Optional[float] = None) -> None:
-        """:meth:`close`, as a coroutine (for ``async with`` and lifespan handlers)."""
+        """`close`, as a coroutine (for ``async with`` and lifespan handlers)."""
         self.close(linger=linger)
 
     def _check_open(self) -> None:

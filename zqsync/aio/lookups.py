@@ -1,4 +1,4 @@
-"""Finding a job and waiting for it, for :class:`~zqsync.aio.AsyncClient` (``client/lookups.py``'s rules).
+"""Finding a job and waiting for it, for `AsyncClient` (``client/lookups.py``'s rules).
 
 A job is asked for on its preferred worker first, then on the others in rendezvous rank;
 ``result`` long-polls the worker holding it in rounds of at most ``LONG_POLL`` seconds, and a
@@ -54,7 +54,7 @@ async def locate(client: "AsyncClient", job_id: str, timeout: float, *, admin_ca
 
 
 async def admin(client: "AsyncClient", name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
-    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`."""
+    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a `JobStatus`."""
     reply = await client.call_at(name, args, {}, timeout, address=rpc)
     if not reply.ok:
         raise remote_error_of(reply)

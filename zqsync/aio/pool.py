@@ -12,12 +12,12 @@ The rules of the sync pool (docs/design.md, "The pool's rules"), for asyncio:
   so the jobs it queued are still flushed (a cancelled send sent nothing: ZeroMQ takes a frame
   whole or not at all).
 * At most ``pool_size`` sockets per ``(owner, address)`` are in flight; further callers wait,
-  first come first served, up to the lease's timeout, then get :class:`~zqsync.errors.PoolError`.
+  first come first served, up to the lease's timeout, then get `PoolError`.
 * After ``fork`` the child disowns every inherited socket and context (pyzmq is told they are
   closed; no libzmq call is made on them in the child) and builds its own: ``os.register_at_fork``
   and a pid check on every lease both notice a fork.
 * The idle sockets of loops that were closed (or collected) are closed when a new loop leases,
-  by the sync pools' sweeper thread (``client/lifecycle.py``), and at :meth:`AsyncSocketPool.close`.
+  by the sync pools' sweeper thread (``client/lifecycle.py``), and at `AsyncSocketPool.close`.
 
 The pool is shared by every thread of a process; its maps are guarded by a real thread lock
 that is never held across an ``await``.
@@ -108,9 +108,9 @@ class AsyncSocketPool:
     """Connected ``zmq.asyncio`` sockets of one type, keyed per ``(pid, running loop)`` and per address.
 
     :param socket_type: ``zmq.DEALER``.
-    :param settings: the :class:`~zqsync.settings.ClientSettings` to read ``pool_size``,
+    :param settings: the `ClientSettings` to read ``pool_size``,
         ``lease_timeout`` (seconds), ``linger`` (seconds), ``hwm`` (messages), ``heartbeat`` and
-        ``connect_timeout`` from (as :class:`~zqsync.client.pool.SocketPool` does).
+        ``connect_timeout`` from (as `SocketPool` does).
     :param options: extra ``{zmq option: value}`` for every new socket (CURVE keys).
     :param send_only: sockets that only send (job sockets): TCP keepalive instead of ZMTP
         heartbeats, and a discard keeps the linger.
@@ -326,7 +326,7 @@ def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
 
 
 class Lease:
-    """One socket leased from an :class:`AsyncSocketPool`: an async context manager yielding it."""
+    """One socket leased from an `AsyncSocketPool`: an async context manager yielding it."""
 
     __slots__ = ("_pool", "_address", "_timeout", "_key", "_permits", "_pid", "socket")
 

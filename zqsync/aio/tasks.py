@@ -4,7 +4,7 @@
 ``await AsyncTask(add).aenqueue(1, 2)`` is ``await client.enqueue("add", 1, 2)``, on the
 process's default async client (``ZQSYNC_ENDPOINT``) or on the one given
 (``AsyncTask(add, client)``, or ``client.task(add)``). Like
-:class:`~zqsync.worker.handles.TaskHandle` it is generic in the function's parameters and
+`TaskHandle` it is generic in the function's parameters and
 result, so a type checker checks the arguments and knows what ``acall`` returns.
 """
 
@@ -32,8 +32,8 @@ R = TypeVar("R")
 class AsyncTask(Generic[P, R]):
     """A registered task sent from asyncio code.
 
-    :param handle: what ``@registry.task`` returned (a :class:`~zqsync.worker.handles.TaskHandle`).
-    :param client: the :class:`AsyncClient` to send through; ``None``: :func:`default_client`.
+    :param handle: what ``@registry.task`` returned (a `TaskHandle`).
+    :param client: the `AsyncClient` to send through; ``None``: `default_client`.
     """
 
     def __init__(self, handle: "TaskHandle[P, R]", client: Optional[AsyncClient] = None) -> None:
@@ -44,22 +44,22 @@ class AsyncTask(Generic[P, R]):
         return self._client if self._client is not None else default_client()
 
     async def acall(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """:meth:`AsyncClient.call` of this task. :raises RemoteError: it raised. :raises CallTimeout: no reply."""
+        """`AsyncClient.call` of this task. :raises RemoteError: it raised. :raises CallTimeout: no reply."""
         return await self._sender().call(self.name, *args, **kwargs)  # type: ignore[no-any-return]
 
     async def acall_with_options(self, *, args: Iterable[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
                                  timeout: Optional[float] = None) -> R:
-        """:meth:`AsyncClient.call_with_options` of this task."""
+        """`AsyncClient.call_with_options` of this task."""
         return await self._sender().call_with_options(  # type: ignore[no-any-return]
             self.name, args=args, kwargs=kwargs, timeout=timeout)
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> AsyncJob:
-        """:meth:`AsyncClient.enqueue` of this task: at most once; returns its :class:`AsyncJob`."""
+        """`AsyncClient.enqueue` of this task: at most once; returns its `AsyncJob`."""
         return await self._sender().enqueue(self.name, *args, **kwargs)
 
     async def aenqueue_with_options(self, *, args: Iterable[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
                                     **options: Any) -> AsyncJob:
-        """:meth:`AsyncClient.enqueue_with_options` of this task (``confirm=``, ``delay=``, ...)."""
+        """`AsyncClient.enqueue_with_options` of this task (``confirm=``, ``delay=``, ...)."""
         return await self._sender().enqueue_with_options(self.name, args=args, kwargs=kwargs, **options)
 
     def __repr__(self) -> str:
@@ -71,7 +71,7 @@ _default: Optional[AsyncClient] = None
 
 
 def default_client() -> AsyncClient:
-    """The process-wide :class:`AsyncClient` for ``ZQSYNC_ENDPOINT``, built at first use.
+    """The process-wide `AsyncClient` for ``ZQSYNC_ENDPOINT``, built at first use.
 
     :raises ConfigurationError: ``ZQSYNC_ENDPOINT`` is unset or malformed.
     """

@@ -62,7 +62,7 @@ def slot_endpoints(pool: Any, endpoint: str, timeout: float) -> Optional[tuple[s
 class Expansion:
     """What each worker endpoint expanded to at its last answer (one per client's discovery).
 
-    :param announce: asks an endpoint for its slots (:data:`Announce`).
+    :param announce: asks an endpoint for its slots (`Announce`).
     """
 
     def __init__(self, announce: Announce) -> None:

@@ -59,7 +59,7 @@ class Client:
         tasks whose names match go to those workers, through pools of their
         own (``zqsync/client/routes.py`` gives the precedence: exact names,
         then patterns in order, then ``"*"``, then ``endpoints``).
-    :param settings: a :class:`~zqsync.settings.ClientSettings` for this
+    :param settings: a `ClientSettings` for this
         client and its pools; default: ``ZQSYNC_*`` environment variables,
         then the defaults (the table in ``zqsync/settings.py``).
     :param overrides: ``ClientSettings`` fields that replace those of
@@ -73,15 +73,15 @@ class Client:
         dead worker among several is found and probed, ``zqsync/client/health.py``),
         ``expand_prefork`` (bool: send to the slots a direct prefork worker announces, one endpoint per
         child, ``zqsync/client/announce.py``).
-    :param curve: :class:`zqsync.Curve` keys, for workers that require CURVE
+    :param curve: `zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
-        :func:`parse_endpoint`), an endpoint listed twice or overlapping
+        `parse_endpoint`), an endpoint listed twice or overlapping
         another's port pair, a setting out of range, a malformed route, or
         both ``endpoints`` and a ``"*"`` route (or neither); ``srv://`` or
         ``resolver`` without dnspython installed.
 
-    Requests raise :class:`PoolError` while no DNS name of ``endpoints`` has
+    Requests raise `PoolError` while no DNS name of ``endpoints`` has
     resolved to any address yet.
 
     Building a client opens nothing: sockets are opened on first use, per
@@ -192,7 +192,7 @@ class Client:
 
         :param task: registered task name; ``args``/``kwargs`` go to the task
             and must be msgpack-serialisable.
-        :returns: the job id (32 hex characters), as a :class:`~zqsync.client.jobs.Job`: a ``str`` with
+        :returns: the job id (32 hex characters), as a `Job`: a ``str`` with
             ``result()``, ``status()`` and ``cancel()``.
         :raises Congested: BLOCK and no worker took the job within ``send_timeout``.
         :raises ProtocolError: an argument cannot be serialised.
@@ -223,7 +223,7 @@ class Client:
         expires: Union[float, datetime.datetime, None] = None,
         deadline: Optional[float] = None,
     ) -> Job[Any]:
-        """Send a job with per-call options; see :meth:`enqueue`.
+        """Send a job with per-call options; see `enqueue`.
 
         :param args: positional task arguments (sequence).
         :param kwargs: keyword task arguments (mapping with str keys).
@@ -247,25 +247,25 @@ class Client:
         :param delay: run the job no earlier than ``delay`` seconds from now (float >= 0). Implies
             ``confirm=True``: the worker journals it (its state is ``scheduled``) and starts it at or after its
             due time, in due-time order, even across a restart. Needs a worker with ``--state-dir``.
-        :param eta: as ``delay``, but an aware :class:`datetime.datetime` (any time zone) to run at or after.
+        :param eta: as ``delay``, but an aware `datetime.datetime` (any time zone) to run at or after.
             The due time travels as epoch seconds: keep client and worker clocks in sync (NTP).
         :param store_result: for a plain job, ask the worker to keep its status and result in memory
-            (bounded, ``--keep-done`` seconds) for :meth:`job` and :meth:`result`, as a task registered with
+            (bounded, ``--keep-done`` seconds) for `job` and `result`, as a task registered with
             ``store_result=True`` does. Confirmed jobs keep theirs in the journal anyway.
-        :param expires: seconds from now (float > 0), or an aware :class:`datetime.datetime`, after
+        :param expires: seconds from now (float > 0), or an aware `datetime.datetime`, after
             which no worker starts this job (nor a retry of it). A plain job found expired is skipped,
             counted (``jobs_expired`` in the worker's stats) and logged; its budget is stamped on receipt by
             the worker's own clock (``zqsync/wire/envelope.py``). A confirmed (or delayed) job is journaled
             with its expiry as epoch seconds (keep clocks in sync: NTP), and one found expired is
-            recorded ``expired``: :meth:`result` raises :class:`~zqsync.errors.JobExpired`. ``None``: never.
+            recorded ``expired``: `result` raises `JobExpired`. ``None``: never.
         :param deadline: the older name of ``expires``, in seconds only; kept as an alias.
         :returns: the job id. Under DROP a dropped job's id is still returned;
-            the drop is counted in :meth:`stats` and logged.
+            the drop is counted in `stats` and logged.
         :raises Unconfirmed: ``confirm=True`` and no worker acknowledged in time.
         :raises RemoteError: ``confirm=True`` and the worker refused the job
             (``UnknownTask``, or ``NoJournal`` when it runs without ``--state-dir``);
-            :class:`JournalUnavailable` when its journal cannot be written (the cause is in the message);
-            :class:`DuplicateJob` when ``job_id`` is already journaled as dead-lettered.
+            `JournalUnavailable` when its journal cannot be written (the cause is in the message);
+            `DuplicateJob` when ``job_id`` is already journaled as dead-lettered.
         :raises ProtocolError: the job breaks a limit the worker enforces
             (``zqsync/wire/envelope.py``: 16 MiB frame, nesting, key types, ``job_id``);
             nothing is sent.
@@ -286,12 +286,21 @@ class Client:
                                                            expires=expires, deadline=deadline,
                                                            send_timeout=send_timeout)
         if confirm:
-            total = self.settings.confirm_timeout if send_timeout is None else send_timeout
-            self._confirm(frame, job_id, task, total)
-            self._counts["confirmed"] += 1
-            return Job(job_id, self)
+            return self.send_confirmed(frame, job_id, task, send_timeout)
         mode = self.congestion if congestion is None else CongestionControl.parse(congestion)
         return Job(self._send_job(frame, job_id, mode, send_timeout), self)
+
+    def send_confirmed(self, frame: bytes, job_id: str, task: str, send_timeout: Optional[float] = None) -> Job[Any]:
+        """Send a confirmed job's ``frame`` (`job_request`) until a worker acknowledges it
+        (``enqueue_with_options(confirm=True)``; ``zqsync.canvas`` sends its steps so, through `route`).
+
+        :raises Unconfirmed: no worker acknowledged it in time.
+        :raises RemoteError: a worker refused it (as `enqueue_with_options` says).
+        """
+        total = self.settings.confirm_timeout if send_timeout is None else send_timeout
+        self._confirm(frame, job_id, task, total)
+        self._counts["confirmed"] += 1
+        return Job(job_id, self)
 
     def _send_job(self, frame: bytes, job_id: str, mode: CongestionControl, send_timeout: Optional[float]) -> str:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
@@ -343,7 +352,8 @@ class Client:
             if attempt <= 0:
                 raise Unconfirmed(job_id, total, reason)
             try:
-                reply = self._request(frame, job_id, task, attempt, address=route.endpoint, send_within=send_within)
+                reply = self._request(frame, job_id, task, attempt, address=route.endpoint, send_within=send_within,
+                                      multiplexed=True)
             except (CallTimeout, PoolError) as exc:
                 reason = f"{route.endpoint}: {exc}"
                 self._counts["confirm_retries"] += 1
@@ -361,7 +371,7 @@ class Client:
         :param task: registered task name; ``args``/``kwargs`` go to the task.
         :returns: the task's return value, as msgpack decodes it (tuples come back as lists).
         :raises RemoteError: the task raised (``remote_type``, ``remote_message``,
-            ``remote_traceback`` describe it); :class:`UnknownTask` if no such task.
+            ``remote_traceback`` describe it); `UnknownTask` if no such task.
         :raises CallTimeout: no reply within the client's ``call_timeout``;
             it names the endpoints and the likely causes.
         :raises ProtocolError: the request breaks a limit the worker enforces
@@ -381,7 +391,7 @@ class Client:
         kwargs: Optional[Mapping[str, Any]] = None,
         timeout: Optional[float] = None,
     ) -> Any:
-        """Call with per-call options; see :meth:`call`.
+        """Call with per-call options; see `call`.
 
         :param timeout: deadline for this call, seconds (default: ``call_timeout``). The request
             carries it, so a worker that reads the call after the caller gave up does not run it
@@ -399,13 +409,10 @@ class Client:
         except CallTimeout:
             self._counts["call_timeouts"] += 1
             raise
-        if reply.ok:
-            return reply.result
-        self._counts["call_errors"] += 1
-        raise remote_error_of(reply)
+        return call_result(reply, self._counts)
 
     def _timeout(self, timeout: Optional[float]) -> float:
-        return self.settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+        return call_timeout(self.settings, timeout)
 
     def _call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                  address: Optional[str] = None, multiplexed: bool = False) -> envelope.Reply:
@@ -420,10 +427,10 @@ class Client:
 
         Asks the job id's preferred worker first (the rendezvous hashing of confirmed delivery), then the
         others (under gevent at once, once the preferred one says no or is silent for
-        :data:`~zqsync.client.lookups.HEDGE` seconds; else in rank), then each route's workers the same
+        `HEDGE` seconds; else in rank), then each route's workers the same
         way, until one holds it; each for up to ``timeout`` seconds (default ``call_timeout``).
 
-        :returns: a :class:`JobStatus`; ``state`` is ``unknown`` when no reachable worker holds the id
+        :returns: a `JobStatus`; ``state`` is ``unknown`` when no reachable worker holds the id
             (``zqsync/client/jobs.py`` says what that can mean; ``unanswered`` lists the silent workers).
         :raises ConfigurationError: a bad ``timeout``.
         :raises RemoteError: a worker refused the request (``RequestRejected`` for a malformed id).
@@ -435,10 +442,10 @@ class Client:
         """Wait until job ``job_id`` finishes, then return its result or raise its error.
 
         Blocks the calling greenlet (cooperatively under gevent) or thread. It finds the worker holding the
-        job (:meth:`job`), then long-polls it (``zqsync.result``: the worker answers as soon as the job
-        finishes, or after at most :data:`~zqsync.client.lookups.LONG_POLL` s, and the client asks
+        job (`job`), then long-polls it (``zqsync.result``: the worker answers as soon as the job
+        finishes, or after at most `LONG_POLL` s, and the client asks
         again). When every worker that could hold the id answers that none does, a plain ``str`` id
-        raises :class:`~zqsync.errors.JobNotFound` at once, while a :class:`~zqsync.client.jobs.Job`
+        raises `JobNotFound` at once, while a `Job`
         handle this client returned is long-polled on its preferred worker a second at a time, then
         looked up again: its plain job may still be on its way.
 
@@ -446,7 +453,7 @@ class Client:
         :returns: the task's return value (as msgpack decodes it). Only confirmed jobs and plain jobs
             stored on request (``store_result``) have one to wait for.
         :raises RemoteError: the job failed or is dead: its task's error (type name and message);
-            :class:`~zqsync.errors.JobCancelled` if it was cancelled.
+            `JobCancelled` if it was cancelled.
         :raises CallTimeout: it did not finish within ``timeout``. A worker that dies, restarts or stops
             meanwhile does not end the wait: the job is looked for again until ``timeout``.
         :raises JobNotFound: ``job_id`` is a plain ``str`` that every worker answered it does not hold.
@@ -461,7 +468,7 @@ class Client:
 
         Asks the preferred worker first, then the others, each for up to ``timeout`` seconds.
 
-        :returns: the job's :class:`JobStatus` after the attempt: ``state == "cancelled"`` if it is
+        :returns: the job's `JobStatus` after the attempt: ``state == "cancelled"`` if it is
             cancelled; ``unknown`` if no reachable worker holds it (a plain job is cancellable only while
             its status is kept, ``store_result``, or while it runs).
         """
@@ -476,7 +483,7 @@ class Client:
         ``timeout`` seconds in all, and within ``send_within`` for the send if given; ``multiplexed``:
         on the caller's long-poll channel instead, outside the pool's cap (``waits.py``).
 
-        :raises health.Unsent: (a :class:`CallTimeout`) no connection took the request within
+        :raises health.Unsent: (a `CallTimeout`) no connection took the request within
             ``send_within`` (a wait for the lease that left less than that raises a plain ``CallTimeout``:
             it says nothing about the worker).
         """
@@ -485,8 +492,10 @@ class Client:
             self._rediscover()
         target = address if address is not None and len(self._rpc_endpoints) > 1 else self._rpc_address
         if multiplexed:
-            reply = self._waits.request(target, frame, request_id, timeout)
-            if reply is None:
+            reply = self._waits.request(target, frame, request_id, timeout, send_within)
+            if reply is waits.UNSENT:
+                raise health.Unsent(task, timeout, list(self.endpoints))
+            if not isinstance(reply, envelope.Reply):
                 raise CallTimeout(task, timeout, list(self.endpoints))
             return reply
         with self._dealer.lease(target, timeout=min(timeout, self.settings.lease_timeout)) as sock:
@@ -521,7 +530,7 @@ class Client:
             addresses as last resolved, ``discovery.py``), ``"down"``: those held down now
             (``health.py``: confirmed jobs skip them until a probe is answered), plus ``"jobs"`` (the job
             DEALERs; also under ``"push"``, its name until 0.2.0, for one release) and ``"dealer"``
-            (the call DEALERs): each pool's :meth:`SocketPool.stats`; with routes, ``"routes"``:
+            (the call DEALERs): each pool's `SocketPool.stats`; with routes, ``"routes"``:
             ``{"ENDPOINT, ...": that route's stats}``.
         """
         result: dict[str, Any] = dict(self._counts)
@@ -606,9 +615,11 @@ def _due(delay: Optional[float], eta: Optional[datetime.datetime]) -> Optional[f
 def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, Any]], *, confirm: bool,
                 job_id: Optional[str], delay: Optional[float], eta: Optional[datetime.datetime], store_result: bool,
                 deadline: Optional[float], send_timeout: Optional[float],
-                expires: Union[float, datetime.datetime, None] = None) -> tuple[bytes, str, bool, Optional[float]]:
+                expires: Union[float, datetime.datetime, None] = None,
+                canvas: Optional[dict[str, Any]] = None) -> tuple[bytes, str, bool, Optional[float]]:
     """A job's frame from ``enqueue_with_options``' arguments (checked as it documents), with its id, whether it
-    is confirmed (a delayed job is) and its checked ``send_timeout``; shared by the asyncio client."""
+    is confirmed (a delayed job is) and its checked ``send_timeout``; shared by the asyncio client. ``canvas``:
+    a confirmed job's successors (``zqsync/worker/canvas.py``)."""
     job_id = os.urandom(16).hex() if job_id is None else job_id
     options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
     due = _due(delay, eta)
@@ -618,11 +629,32 @@ def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, An
     budget = expiry(expires, deadline)
     if budget is not None and confirm:
         options["expires"], budget = time.time() + budget, None  # journaled: it outlives processes
+    if canvas and confirm:
+        options["canvas"] = canvas
     frame = envelope.encode_request(kind, job_id, _task_name(task), tuple(args), dict(kwargs or {}),
                                     options=options, deadline=budget)
     if send_timeout is not None:
         send_timeout = check_seconds("send_timeout", send_timeout, 0.0, inclusive=not confirm)
     return frame, job_id, confirm, send_timeout
+
+
+def call_timeout(settings: ClientSettings, timeout: Optional[float]) -> float:
+    """A call's deadline in seconds: ``timeout``, or the settings' ``call_timeout`` when ``None``.
+
+    :raises ConfigurationError: ``timeout`` is not a finite number above 0.
+    """
+    return settings.call_timeout if timeout is None else check_seconds("timeout", timeout, inclusive=False)
+
+
+def call_result(reply: envelope.Reply, counts: dict[str, int]) -> Any:
+    """A call's ``reply`` as the task's return value (shared by the sync and asyncio clients).
+
+    :raises RemoteError: the task failed (the matching subclass); counted in ``counts["call_errors"]``.
+    """
+    if reply.ok:
+        return reply.result
+    counts["call_errors"] += 1
+    raise remote_error_of(reply)
 
 
 def _task_name(task: str) -> str:
@@ -651,17 +683,17 @@ def default_client() -> Client:
 
 
 def _rebuild(endpoints: list[str], settings: ClientSettings, curve: Optional[Curve]) -> Client:
-    """A fresh :class:`Client` from a pickled one's configuration."""
+    """A fresh `Client` from a pickled one's configuration."""
     return Client(endpoints, settings=settings, curve=curve)
 
 
 def enqueue(task: str, *args: Any, **kwargs: Any) -> str:
-    """:meth:`Client.enqueue` on :func:`default_client`."""
+    """`Client.enqueue` on `default_client`."""
     return default_client().enqueue(task, *args, **kwargs)
 
 
 def call(task: str, *args: Any, **kwargs: Any) -> Any:
-    """:meth:`Client.call` on :func:`default_client`."""
+    """`Client.call` on `default_client`."""
     return default_client().call(task, *args, **kwargs)
 
 

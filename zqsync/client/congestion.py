@@ -3,7 +3,7 @@
 Follows zenoh's congestion control (zenoh PRs 1627 and 1740):
 
 * ``BLOCK`` waits up to the send deadline for the peer's high-water mark to
-  make room, then raises :class:`~zqsync.errors.Congested`.
+  make room, then raises `Congested`.
 * ``DROP`` waits at most ``wait_before_drop`` seconds, then drops the message
   and marks the peer congested. While marked, every further message makes one
   non-blocking attempt and never waits: a success sends it and clears the
@@ -18,7 +18,7 @@ message whatever the interleaving: the mark cannot stick.
 The mark is per peer address and per process, shared by every hub and thread
 (set operations are atomic under the GIL); a forked child starts unmarked.
 
-A socket's first send under DROP may wait up to :data:`CONNECT_GRACE`
+A socket's first send under DROP may wait up to `CONNECT_GRACE`
 instead of ``wait_before_drop``: with ``ZMQ_IMMEDIATE`` nothing can be sent
 before the TCP and ZMTP handshakes complete, which takes more than a
 millisecond on a busy machine (over 0.1 s with the CPUs loaded), and a healthy
@@ -103,13 +103,13 @@ class CongestionState:
     def budget(self, sock: Any, address: Any, mode: CongestionControl, send_timeout: Optional[float],
                wait_before_drop: float) -> Optional[float]:
         """How long (seconds, ``None``: no bound) a send under ``mode`` may wait for room; the pure half of
-        :meth:`send`, shared with the asyncio client (``zqsync/aio``), which does its own waiting."""
+        `send`, shared with the asyncio client (``zqsync/aio``), which does its own waiting."""
         if mode is CongestionControl.BLOCK:
             return send_timeout
         return 0.0 if address in self._marked else self._wait_for(sock, wait_before_drop)
 
     def outcome(self, address: Any, mode: CongestionControl, sent: bool, send_timeout: Optional[float]) -> bool:
-        """Record a send's result under ``mode`` (mark, unmark, count a drop); ``sent`` as :meth:`send` returns it.
+        """Record a send's result under ``mode`` (mark, unmark, count a drop); ``sent`` as `send` returns it.
 
         :raises Congested: BLOCK and the frame was not sent.
         """

@@ -1,7 +1,7 @@
 """Discovery: worker endpoints named by DNS, expanded to one endpoint per address and re-resolved.
 
 libzmq connects a ``tcp://NAME:PORT`` endpoint to the first address ``getaddrinfo`` returns (libzmq
-#2297) and never looks again. A :class:`Client` whose endpoints name hosts therefore resolves them
+#2297) and never looks again. A `Client` whose endpoints name hosts therefore resolves them
 itself, here, and dials every address:
 
 * ``tcp://NAME:PORT``: one endpoint ``tcp://ADDRESS:PORT`` per address of NAME, in the order the
@@ -15,7 +15,7 @@ itself, here, and dials every address:
   target, on the record's port (the worker's base port). Priority and weight are ignored: every
   target is a worker, and the client spreads over all of them.
 * a literal address (``tcp://10.0.0.5:5555``, ``tcp://[::1]:5555``): itself. A client whose
-  endpoints are all literal builds no :class:`Discovery` at all, and pays nothing for it, unless it
+  endpoints are all literal builds no `Discovery` at all, and pays nothing for it, unless it
   sets ``expand_prefork``: then every endpoint found is also asked for the slots a direct prefork
   worker announces, and stands for them (``announce.py``).
 
@@ -26,7 +26,7 @@ use dnspython (``pip install zqsync[dns]``), with the system's ``resolv.conf`` u
 is set.
 
 A name is looked up again every ``resolve_interval`` seconds, or sooner when a nameserver's answer
-carries a shorter TTL (never more often than every :data:`MIN_TTL` seconds); ``getaddrinfo``
+carries a shorter TTL (never more often than every `MIN_TTL` seconds); ``getaddrinfo``
 reports no TTL, so the interval applies. The look-up is made by the first request that finds it
 due, in that request, while every other request goes on with the endpoints known so far: no lock,
 so no greenlet can wait on another's look-up. Until a look-up has found an address there are none to
@@ -64,10 +64,10 @@ LOOKUP_LIFETIME = 2.0
 
 
 def discovery_for(names: Sequence[str], settings: Any, announce: Optional[Announce] = None) -> Optional["Discovery"]:
-    """A :class:`Discovery` for a client's configured base endpoints, or ``None`` when all are addresses
+    """A `Discovery` for a client's configured base endpoints, or ``None`` when all are addresses
     and the client does not expand announced slots.
 
-    :param settings: the client's :class:`~zqsync.settings.ClientSettings` (``resolver``, ``resolve_interval``,
+    :param settings: the client's `ClientSettings` (``resolver``, ``resolve_interval``,
         ``expand_prefork``).
     :param announce: with ``expand_prefork``, how to ask an endpoint for its slots (``announce.py``).
     :raises ConfigurationError: a malformed endpoint, one listed twice or overlapping another's port pair,
@@ -107,7 +107,7 @@ class Discovery:
 
     :param names: the configured base endpoints (``tcp://HOST:PORT`` or ``srv://NAME``).
     :param resolver: ``""`` for the system's resolver, or a nameserver ``HOST[:PORT]``.
-    :param interval: seconds between look-ups of a name (a shorter TTL wins, down to :data:`MIN_TTL`).
+    :param interval: seconds between look-ups of a name (a shorter TTL wins, down to `MIN_TTL`).
     :param expansion: expands the endpoints found into the slots they announce (``announce.py``).
     :raises ConfigurationError: ``srv://`` or a ``resolver`` without dnspython installed, or a malformed
         ``resolver``.
@@ -127,7 +127,7 @@ class Discovery:
         """The base endpoints now, after a look-up if one is due (made by this caller).
 
         Blocks for the look-up only when one is due, or no address is known yet: up to the resolver's
-        timeouts (``getaddrinfo``'s, or :data:`LOOKUP_LIFETIME` seconds per name at a ``resolver``),
+        timeouts (``getaddrinfo``'s, or `LOOKUP_LIFETIME` seconds per name at a ``resolver``),
         and with an expansion up to twice ``probe_timeout`` per endpoint asked; cooperatively under
         gevent's monkey-patching.
 

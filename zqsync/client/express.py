@@ -1,6 +1,6 @@
 """Enqueue's express lane: one non-blocking send on an idle pooled job socket (a send-only DEALER), in place.
 
-:func:`try_send` is what ``Client.enqueue`` tries first. It either hands the
+`try_send` is what ``Client.enqueue`` tries first. It either hands the
 frame to ZeroMQ at once and returns ``True``, or touches nothing and returns
 ``False``; the caller then takes the full path (``SocketPool.lease`` and
 congestion control), which applies every rule on its own.
@@ -15,7 +15,7 @@ follows:
   the pid and is rebuilt when it differs.
 * **Per-owner keying (rule 1).** The owner key comes from a per-native-thread
   cache of ``(pid, hub, key)``, checked against the current pid and the
-  thread's current hub on every call; a miss asks :func:`current_owner`.
+  thread's current hub on every call; a miss asks `current_owner`.
 * **Exclusive lease (rule 2).** The socket stays in its idle bucket and is
   used only while the pool's lock is held, without yielding (a C-level
   ``NOBLOCK`` send never waits), so no other lessee can hold it at the same
@@ -33,12 +33,12 @@ follows:
   error inside a lease, which discards the socket. A send either queues the
   whole frame or nothing, so a declined attempt never queued half a job.
 * **Nested leases (rule 7).** A caller that holds a lease is declined; the
-  full lease raises :class:`PoolError`.
+  full lease raises `PoolError`.
 * **First use** (no bucket, no idle socket) and a closed pool decline too.
   Owners that ended are swept by the full path and the sweeper thread
   (rule 8); the lane never creates an owner or a socket.
 
-Stopping notices (``notices.py``): every :data:`notices.CHECK_EVERY` sends
+Stopping notices (``notices.py``): every `notices.CHECK_EVERY` sends
 on a socket, the lane reads ``ZMQ_EVENTS`` and declines if something is
 waiting to be read, so the full path looks for the notice and retires the
 socket. The caller passes the address with stopping workers left out.
@@ -80,7 +80,7 @@ def owner_key(pid: int) -> tuple:
 def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
     """Send ``frame`` on an idle socket of ``pool`` for ``address`` without waiting.
 
-    :param pool: a send-only :class:`SocketPool` (the client's job DEALERs, or PUSH).
+    :param pool: a send-only `SocketPool` (the client's job DEALERs, or PUSH).
     :param address: the endpoint (or tuple of endpoints) the bucket is keyed by.
     :param frame: the encoded request, bytes.
     :returns: ``True`` if ZeroMQ took the frame; ``False`` if the lane declined

@@ -4,11 +4,11 @@ A worker is *down* when a client could not reach it: a confirm attempt found no 
 itself to within ``probe_timeout`` (nothing was sent), or a confirm attempt went unanswered and a
 **probe** then found no connection either, or it stayed silent past the failover bound
 (``rendezvous.py``). Confirmed jobs that prefer a down worker start with the next one in rendezvous
-order at once (:class:`~zqsync.client.rendezvous.Route`).
+order at once (`Route`).
 
 A probe is one ``zqsync.ping`` on a *new* DEALER from the client's call pool (a pooled socket may hold
 a connection to a host that is gone; a new one must complete the TCP and ZMTP handshakes), bounded
-by ``probe_timeout`` once it has a socket (:func:`ping`). A down worker is probed again, in the
+by ``probe_timeout`` once it has a socket (`ping`). A down worker is probed again, in the
 background, when a job that prefers it is routed ``probe_backoff`` seconds after it went down,
 then after twice that, and so on up to ``probe_backoff_max``; it is *up* again as soon as a probe
 is answered. So a dead worker costs the client one probe per backoff period, and no job waits for
@@ -62,10 +62,10 @@ class _Down:
 class Health:
     """The endpoints a client holds to be down, and their probes (one view per client and process).
 
-    :param probe: what a probe does (:data:`Probe`; the client's is :func:`ping`).
+    :param probe: what a probe does (`Probe`; the client's is `ping`).
     :param backoff: seconds from going down to the first probe (float > 0).
     :param backoff_max: the longest interval between two probes, seconds; the interval doubles up to it.
-    :param probe_timeout: a probe's bound, seconds (:func:`ping` takes up to twice that).
+    :param probe_timeout: a probe's bound, seconds (`ping` takes up to twice that).
     """
 
     def __init__(self, probe: Probe, *, backoff: float, backoff_max: float, probe_timeout: float) -> None:
@@ -158,7 +158,7 @@ def _spawn(function: Callable[..., None], *args: Any) -> None:
 
 
 def ping(pool: Any, rpc: str, timeout: float) -> Optional[bool]:
-    """A :data:`Probe`: ``zqsync.ping`` to the rpc endpoint ``rpc`` on a new socket of the call ``pool``,
+    """A `Probe`: ``zqsync.ping`` to the rpc endpoint ``rpc`` on a new socket of the call ``pool``,
     waiting up to ``timeout`` seconds for a free slot, then up to ``timeout`` for the handshake and the
     answer (a wait for the slot is this process's congestion, not the worker's).
 
@@ -175,7 +175,7 @@ def ping(pool: Any, rpc: str, timeout: float) -> Optional[bool]:
 
 def ask(pool: Any, rpc: str, task: str, timeout: float) -> envelope.Reply:
     """Call ``task`` (no arguments) at the rpc endpoint ``rpc`` on a new socket of the call ``pool``, as
-    :func:`ping` does; returns the reply, ``ok`` or not.
+    `ping` does; returns the reply, ``ok`` or not.
 
     :raises Unsent: no connection took the request within ``timeout`` seconds.
     :raises CallTimeout: no answer within ``timeout`` seconds of sending.

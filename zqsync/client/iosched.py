@@ -58,7 +58,7 @@ def batch_allowed() -> bool:
 
 
 def batch_io_threads(context: zmq.Context) -> bool:
-    """Ask libzmq to start ``context``'s threads under ``SCHED_BATCH`` when :func:`batch_allowed`.
+    """Ask libzmq to start ``context``'s threads under ``SCHED_BATCH`` when `batch_allowed`.
 
     Call it from the thread that will open the context's first socket, before
     that socket: libzmq starts its threads then, and they inherit that thread's policy.

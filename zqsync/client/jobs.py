@@ -5,7 +5,7 @@ jobs in its journal, plain jobs kept on request in its memory, and jobs running
 in it. ``unknown`` therefore means: no worker the client could reach holds
 that id. The job may never have been sent, may not have arrived yet (a plain
 job still queued), may have been a plain job whose status nobody asked to keep,
-may be on a worker that did not answer (listed in :attr:`JobStatus.unanswered`),
+may be on a worker that did not answer (listed in `JobStatus.unanswered`),
 or its status may have been pruned (``--keep-done`` seconds after it finished).
 """
 
@@ -40,7 +40,7 @@ class JobStatus:
     :ivar task: the task name, or ``None`` when unknown.
     :ivar attempts: attempts started so far.
     :ivar result: the task's return value once ``done`` (as msgpack decodes it), else ``None``.
-    :ivar error: the last attempt's error (:class:`RemoteError`), or ``None``.
+    :ivar error: the last attempt's error (`RemoteError`), or ``None``.
     :ivar enqueued_at: when the worker accepted it, epoch seconds (UTC) as a float, or ``None``.
     :ivar started_at: when its last attempt started, epoch seconds, or ``None``.
     :ivar finished_at: when it reached a finished state, epoch seconds, or ``None``.
@@ -72,8 +72,8 @@ class JobStatus:
     def value(self) -> Any:
         """The result of a ``done`` job.
 
-        :raises RemoteError: the job failed or is dead (the task's error type, as :meth:`Client.call`
-            raises it); :class:`~zqsync.errors.JobCancelled` if cancelled, :class:`~zqsync.errors.JobExpired`
+        :raises RemoteError: the job failed or is dead (the task's error type, as `Client.call`
+            raises it); `JobCancelled` if cancelled, `JobExpired`
             if it expired before it started.
         :raises ValueError: the job has not finished.
         """
@@ -127,9 +127,9 @@ class Job(str, Generic[R]):
     plain id) that remembers the client that sent it.
 
     ``Job[R]`` is the job of a task returning ``R`` (``TaskHandle[P, R].enqueue``), so a type
-    checker knows what :meth:`result` returns.
+    checker knows what `result` returns.
 
-    :ivar client: the :class:`~zqsync.Client` that sent it (a route's client for a routed task).
+    :ivar client: the `Client` that sent it (a route's client for a routed task).
     """
 
     client: "Client"
@@ -143,15 +143,15 @@ class Job(str, Generic[R]):
         return (str, (str(self),))
 
     def result(self, *, timeout: Optional[float] = None) -> R:
-        """:meth:`Client.result <zqsync.Client.result>` of this job: blocks until it finishes."""
+        """`Client.result` of this job: blocks until it finishes."""
         return self.client.result(self, timeout=timeout)  # type: ignore[no-any-return]
 
     def status(self, *, timeout: Optional[float] = None) -> JobStatus:
-        """:meth:`Client.job <zqsync.Client.job>` of this job."""
+        """`Client.job` of this job."""
         return self.client.job(self, timeout=timeout)
 
     def cancel(self, *, timeout: Optional[float] = None) -> JobStatus:
-        """:meth:`Client.cancel <zqsync.Client.cancel>` of this job."""
+        """`Client.cancel` of this job."""
         return self.client.cancel(self, timeout=timeout)
 
 

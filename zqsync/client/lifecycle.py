@@ -1,6 +1,6 @@
 """Process-wide lifecycle of socket pools: fork and interpreter exit (docs/design.md, pool rules 9 and 11).
 
-Every :class:`~zqsync.client.pool.SocketPool` registers here. After ``fork`` the
+Every `SocketPool` registers here. After ``fork`` the
 child resets each pool, and sockets or contexts inherited from the parent are
 kept referenced in ``_common.orphans``, never closed: a close in the child would
 write into the parent's I/O thread mailbox (pyzmq's pid guard would skip it

@@ -3,13 +3,13 @@
 A job is looked for on its preferred worker first (``rendezvous.py``), then on the
 others, then on each route's workers (``docs/design.md``, "Job status and results").
 Under gevent the others are asked all at once, as soon as the preferred one has
-answered that it does not hold the job or has not answered within :data:`HEDGE`
+answered that it does not hold the job or has not answered within `HEDGE`
 seconds (a hedged request: Dean and Barroso, "The Tail at Scale", 2013). The first
 that holds the job answers for all, so a dead or hung worker delays finding a job
 another worker holds by at most ``HEDGE``, not by its whole timeout (an id nobody
 holds still waits for every answer, or the timeout). A thread asks them one after
 another. ``result`` long-polls the worker holding the job in rounds of at most
-:data:`LONG_POLL` seconds; a worker that dies, restarts or stops meanwhile only makes
+`LONG_POLL` seconds; a worker that dies, restarts or stops meanwhile only makes
 it look for the job again, until the caller's timeout.
 """
 
@@ -67,7 +67,7 @@ def result(client: "Client", job_id: str, total: float) -> Any:
 def next_poll(status: JobStatus, job_id: str, rpcs: Sequence[str], remaining: float) -> tuple[str, float, float]:
     """The next ``zqsync.result`` long-poll of a wait with ``remaining`` seconds left (shared with the asyncio
     client): the rpc endpoint to ask (the worker holding the job, else its preferred one), the seconds the
-    worker may wait (a margin before the caller's deadline: :data:`LONG_POLL`, or :data:`UNKNOWN_RETRY`
+    worker may wait (a margin before the caller's deadline: `LONG_POLL`, or `UNKNOWN_RETRY`
     for an id no worker holds yet), and the seconds to wait for its reply."""
     wait = min(LONG_POLL if status.worker else UNKNOWN_RETRY, remaining - min(0.25, remaining / 4))
     rpc = split_endpoint(status.worker)[1] if status.worker else rank(job_id, rpcs)[0]
@@ -149,7 +149,7 @@ def known_endpoints(client: "Client") -> list[str]:
 
 
 def admin(client: "Client", name: str, args: tuple, rpc: str, timeout: float) -> JobStatus:
-    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a :class:`JobStatus`.
+    """Call a worker's job admin ``name`` at its ``rpc`` endpoint: its answer as a `JobStatus`.
     A long-poll (``zqsync.result``) travels on the caller's long-poll channel, holding no pooled socket."""
     reply = client._call_at(name, args, {}, timeout, address=rpc, multiplexed=name == "zqsync.result")
     if not reply.ok:
@@ -164,6 +164,6 @@ def base_of(rpc: str) -> str:
 
 
 def remote_error_of(reply: envelope.Reply) -> RemoteError:
-    """The error a worker's error ``reply`` stands for, as the matching :class:`RemoteError` subclass."""
+    """The error a worker's error ``reply`` stands for, as the matching `RemoteError` subclass."""
     error = reply.error or {}
     return remote_error(error.get("type", "?"), error.get("message", ""), error.get("traceback", ""), request_id=reply.id)

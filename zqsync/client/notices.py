@@ -1,10 +1,10 @@
 """Stopping notices on job (DEALER) sockets: see ``zqsync/worker/stopping.py``.
 
-The client looks for a notice before a send, at most every :data:`CHECK_EVERY`
+The client looks for a notice before a send, at most every `CHECK_EVERY`
 sends on a socket (one ``ZMQ_EVENTS`` read, non-blocking). On a notice the
 socket is discarded with the normal linger (libzmq flushes its queue to the
 worker, which keeps reading while it stops), and the client leaves that
-endpoint out for :data:`AVOID_FOR` seconds: a client listing several workers
+endpoint out for `AVOID_FOR` seconds: a client listing several workers
 sends to the others, and one whose workers all stop gets the normal "no
 worker" behaviour (its socket connects to none: BLOCK raises ``Congested`` at
 the send deadline, DROP drops and counts). After that it connects again: to a

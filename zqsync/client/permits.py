@@ -1,10 +1,10 @@
 """Per-owner permits that cap sockets in flight (docs/design.md, pool rules 5 and 6).
 
-A hub owner waits cooperatively on :class:`FairPermits`, first come first
+A hub owner waits cooperatively on `FairPermits`, first come first
 served. (``gevent.lock.BoundedSemaphore`` lets a greenlet that just released
 a permit take it straight back ahead of the queued ones; with 50 greenlets on
 4 sockets that starved some for seconds.) A native-thread owner uses
-:class:`ThreadPermits`, built on the *original* ``_thread`` lock even under
+`ThreadPermits`, built on the *original* ``_thread`` lock even under
 monkey-patching, so a lease in a plain thread never creates a hub.
 """
 
@@ -104,5 +104,5 @@ class FairPermits:
 
 
 def new_permits(owner: Owner, value: int) -> Any:
-    """Permits for ``owner``: :class:`FairPermits` under a hub, :class:`ThreadPermits` otherwise."""
+    """Permits for ``owner``: `FairPermits` under a hub, `ThreadPermits` otherwise."""
     return FairPermits(value) if owner.green else ThreadPermits(value)

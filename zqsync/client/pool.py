@@ -29,7 +29,7 @@ rule numbers below refer to it.
   lazily. ``os.register_at_fork`` and a pid check on every lease both detect
   a fork, because C-level forks skip the hook; one reset runs (rule 9).
 * The pool owns its context and sets ``MAX_SOCKETS``; exceeding it raises
-  :class:`PoolError`, never aborts (rule 10).
+  `PoolError`, never aborts (rule 10).
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
   sockets (rule 12, ``transport.py``).
 * A send-only pool's context starts its libzmq I/O thread under Linux's
@@ -89,7 +89,7 @@ SEND_ONLY = frozenset({zmq.PUSH, zmq.PUB})
 KEEPALIVE_PROBES = 3
 #: Seconds between two searches for owners that ended (rule 8).
 SWEEP_INTERVAL = 1.0
-#: Seconds between two probes of :meth:`SocketPool.check_fds`.
+#: Seconds between two probes of `SocketPool.check_fds`.
 FD_CHECK_INTERVAL = 1.0
 
 #: greenlet -> pool, for every lease in progress (nested-lease detection).
@@ -100,7 +100,7 @@ class SocketPool:
     """A pool of connected sockets of one type, keyed per owner and per address.
 
     :param socket_type: ``zmq.DEALER`` (jobs with ``send_only=True``, calls) or ``zmq.PUSH`` (any connecting type works).
-    :param settings: the :class:`~zqsync.settings.ClientSettings` the pool
+    :param settings: the `ClientSettings` the pool
         reads (a client passes its own); default: ``ZQSYNC_*`` variables, then
         the defaults. The pool uses ``pool_size`` (sockets per ``(owner,
         address)``, in flight and idle), ``lease_timeout`` (seconds, the default
@@ -117,7 +117,7 @@ class SocketPool:
 
     Sockets are ``zmq.green`` sockets when the caller runs under a gevent hub,
     plain ``zmq`` sockets otherwise. The pool is safe to share across threads,
-    hubs and forks. Construction emits :class:`ZqsyncWarning` when
+    hubs and forks. Construction emits `ZqsyncWarning` when
     ``pool_size * peers`` exceeds ``max_sockets``.
     """
 
@@ -369,7 +369,7 @@ class SocketPool:
     def open_dedicated(self, address: Address) -> zmq.Socket:
         """A plain (never ``zmq.green``) socket to ``address``, configured as the pool's, outside its
         buckets and its ``pool_size`` cap; the caller owns it (``waits.py`` multiplexes long-polls on it)
-        and closes it with :meth:`close_dedicated`. It counts against ``max_sockets``, and the pool's
+        and closes it with `close_dedicated`. It counts against ``max_sockets``, and the pool's
         context terminates only after it is closed. After a fork the child disowns it (rule 9).
 
         :raises PoolError: the pool is closed or the socket budget is spent.
@@ -384,7 +384,7 @@ class SocketPool:
         return self._counted(sock, address, lambda: self._dedicated.add(sock))
 
     def close_dedicated(self, sock: zmq.Socket) -> None:
-        """Close a socket of :meth:`open_dedicated` at once (``linger=0``: it only carries requests whose
+        """Close a socket of `open_dedicated` at once (``linger=0``: it only carries requests whose
         waiters are gone); the context terminates now if the pool was closed and nothing else is open."""
         with self._lock:
             if sock not in self._dedicated:
@@ -549,12 +549,12 @@ class SocketPool:
         :returns: a dict with ``opened``, ``reused``, ``discarded_poisoned``
             (closed after an error in the lease), ``discarded_stopping`` (its
             worker sent a stopping notice), ``discarded_drained`` (its worker
-            left the discovered endpoints, :meth:`drain`), ``discarded_full``,
+            left the discovered endpoints, `drain`), ``discarded_full``,
             ``kept_after_error`` (send-only sockets parked after an error,
             rule 3), ``waits``, ``wait_seconds`` (float seconds),
             ``peak_in_flight``, ``stale_replies``, ``forks_detected``,
             ``swept``, ``unsent_at_close`` (messages possibly dropped when a
-            close's linger ran out, an upper bound: see :meth:`close`),
+            close's linger ran out, an upper bound: see `close`),
             ``fd_exhausted`` (a socket could not be made, or a request failed or a job was dropped,
             while this process had no file descriptor left: also logged at ERROR, ``fdlimit.py``),
             ``in_flight`` and ``open`` (sockets open now).
@@ -616,7 +616,7 @@ class SocketPool:
             )
 
     def _term_if_closed(self) -> None:
-        """After a lease ends: terminate the context that :meth:`close` left to the last lease in flight."""
+        """After a lease ends: terminate the context that `close` left to the last lease in flight."""
         if not self._closed:
             return
         with self._lock:
@@ -693,7 +693,7 @@ def _kill_copied_greenlets(doomed: list[Any]) -> None:
 
 
 class Lease:
-    """One socket leased from a :class:`SocketPool`; a context manager yielding the socket.
+    """One socket leased from a `SocketPool`; a context manager yielding the socket.
 
     Leaving the ``with`` block cleanly parks the socket. Leaving it by an
     exception, ``BaseException`` included, discards a socket that receives

@@ -17,7 +17,7 @@ acknowledgement did not arrive (it was killed, stopped, overloaded or cut off), 
 journals and runs it too. A job is never sent to a second worker while the first may still confirm
 within the bound, unless the first cannot be reached at all.
 
-An endpoint a job moved from is held down by the client's :class:`~zqsync.client.health.Health`
+An endpoint a job moved from is held down by the client's `Health`
 until a probe is answered: jobs that prefer it meanwhile start with the next endpoint at once,
 instead of each finding it dead again. That adds no duplicate: such a job is never sent to the
 worker it skips.

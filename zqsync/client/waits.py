@@ -1,4 +1,8 @@
-"""Long-polls that hold no pooled socket: one multiplexed DEALER per owner and worker.
+"""Long-polls and confirms that hold no pooled socket: one multiplexed DEALER per owner and worker.
+
+(Confirmed enqueues use it too, with ``send_within``: 50 greenlets of a hub then have 50 confirms
+in flight, where exclusive leases allowed ``pool_size``; ``docs/design.md`` says why rules 2 and 3
+of the pool need not hold on a channel.)
 
 ``Client.result`` waits on a worker's ``zqsync.result`` for up to ``lookups.LONG_POLL``
 seconds a round. On a pooled socket every waiter held one of the ``pool_size`` sockets its
@@ -6,8 +10,8 @@ hub may have to that worker for the whole wait, so a few waiters starved the hub
 (500 greenlets waiting, pool size 4: 192 failed with ``PoolError``, and a quick call waited
 5 s for a socket).
 
-:class:`Waits` keeps, per owner (a gevent hub, or a thread outside gevent: ``owner.py``)
-and rpc address, one :class:`Channel`: a DEALER outside the pool's cap
+`Waits` keeps, per owner (a gevent hub, or a thread outside gevent: ``owner.py``)
+and rpc address, one `Channel`: a DEALER outside the pool's cap
 (``SocketPool.open_dedicated``) on which any number of long-polls travel at once, each
 reply matched to its waiter by request id. The worker answers each long-poll on its own,
 so replies come back in any order.
@@ -27,7 +31,7 @@ time, which sends and receives itself (``transport.py``'s blocking calls with a 
 A reply for a waiter that gave up (its timeout, a ``gevent.Timeout`` or a kill) is dropped
 by id and counted as a stale reply. Unlike a pooled DEALER after an error (pool rule 3),
 the socket is kept: no reply can reach a waiter it was not meant for. A ZeroMQ error closes
-the channel, and its waiters get :class:`~zqsync.errors.PoolError`, which ``lookups.py``
+the channel, and its waiters get `PoolError`, which ``lookups.py``
 treats as a worker gone for this round. Channels of owners that ended are closed when a new
 channel opens; after a fork the child opens its own (the pool disowns the parent's sockets).
 """
@@ -37,7 +41,7 @@ from __future__ import annotations
 import collections
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import zmq
 
@@ -47,6 +51,9 @@ from ..wire import envelope
 from . import transport
 from .owner import Owner, current_owner
 from .pool import Address, SocketPool
+
+#: What `Channel.request` returns for a frame that did not leave within its ``send_within``.
+UNSENT = object()
 
 
 class Channel:
@@ -66,26 +73,32 @@ class Channel:
         """Whether a waiter or a reader is using the socket now."""
         return bool(self._waiting) or self._reader is not None
 
-    def request(self, frame: bytes, request_id: str, timeout: float) -> Optional[envelope.Reply]:
+    def request(self, frame: bytes, request_id: str, timeout: float,
+                send_within: Optional[float] = None) -> Union[envelope.Reply, None, object]:
         """Send ``frame`` and wait up to ``timeout`` seconds for the reply to ``request_id``.
 
         Blocks the calling greenlet (cooperatively) or thread.
 
-        :returns: the reply, or ``None`` if the deadline ran out.
+        :param send_within: seconds the frame may wait to leave (no connection yet: ``ZMQ_IMMEDIATE``,
+            or the high-water mark); ``None``: the whole ``timeout``.
+        :returns: the reply; ``None`` if the deadline ran out; `UNSENT` if the frame did not
+            leave within ``send_within`` (it never will: it was taken back).
         :raises PoolError: the channel failed (a ZeroMQ error) or was closed.
         """
         if self.closed:
             raise PoolError("this long-poll channel is closed")
+        send_within = timeout if send_within is None else min(send_within, timeout)
         if self.owner.green:
-            return self._green_request(frame, request_id, timeout)
-        return self._thread_request(frame, request_id, timeout)
+            return self._green_request(frame, request_id, timeout, send_within)
+        return self._thread_request(frame, request_id, timeout, send_within)
 
-    def _thread_request(self, frame: bytes, request_id: str, timeout: float) -> Optional[envelope.Reply]:
+    def _thread_request(self, frame: bytes, request_id: str, timeout: float,
+                        send_within: float) -> Union[envelope.Reply, None, object]:
         deadline = time.monotonic() + timeout
         self._waiting[request_id] = True
         try:
-            if not transport.send(self.sock, frame, timeout):
-                return None
+            if not transport.send(self.sock, frame, send_within):
+                return UNSENT if send_within < timeout else None
             while True:
                 data = transport.recv(self.sock, max(0.0, deadline - time.monotonic()))
                 if data is None:
@@ -100,7 +113,8 @@ class Channel:
         finally:
             self._waiting.pop(request_id, None)
 
-    def _green_request(self, frame: bytes, request_id: str, timeout: float) -> Optional[envelope.Reply]:
+    def _green_request(self, frame: bytes, request_id: str, timeout: float,
+                       send_within: float) -> Union[envelope.Reply, None, object]:
         import gevent
         from gevent.event import AsyncResult, Event
 
@@ -113,7 +127,11 @@ class Channel:
                 self._reader = gevent.spawn(self._read)
             else:
                 self._wake.set()
-            answer.wait(timeout)
+            answer.wait(send_within)
+            if not answer.ready() and send_within < timeout:
+                if any(queued == request_id for queued, _ in self._outbox):
+                    return UNSENT  # still queued: leaving _waiting below takes it back
+                answer.wait(timeout - send_within)
             return answer.get() if answer.ready() else None
         finally:
             self._waiting.pop(request_id, None)
@@ -204,12 +222,13 @@ class Waits:
         self._pid = os.getpid()
         self._channels: dict[tuple, Channel] = {}
 
-    def request(self, address: Address, frame: bytes, request_id: str, timeout: float) -> Optional[envelope.Reply]:
-        """One long-poll to ``address`` on the caller's channel: :meth:`Channel.request`.
+    def request(self, address: Address, frame: bytes, request_id: str, timeout: float,
+                send_within: Optional[float] = None) -> Union[envelope.Reply, None, object]:
+        """One request to ``address`` on the caller's channel: `Channel.request`.
 
         :raises PoolError: the pool is closed, the socket budget is spent, or the channel failed.
         """
-        return self._channel(address).request(frame, request_id, timeout)
+        return self._channel(address).request(frame, request_id, timeout, send_within)
 
     def _channel(self, address: Address) -> Channel:
         pid = os.getpid()

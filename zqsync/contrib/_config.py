@@ -1,4 +1,4 @@
-"""Build a :class:`~zqsync.Client` from a framework's settings (shared by the Flask and Django integrations)."""
+"""Build a `Client` from a framework's settings (shared by the Flask and Django integrations)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def endpoint_list(value: Union[str, Sequence[str], None], *, setting: str) -> li
 
 
 def client_options(options: Optional[Mapping[str, Any]], *, setting: str) -> dict[str, Any]:
-    """Validate keyword arguments for :class:`~zqsync.Client`.
+    """Validate keyword arguments for `Client`.
 
-    ``curve`` may be a :class:`~zqsync.Curve` or a pair of file paths
+    ``curve`` may be a `Curve` or a pair of file paths
     ``(worker's NAME.key, this client's NAME.key_secret)``.
 
     :raises ConfigurationError: an option ``Client`` does not take, or a bad ``curve``.
@@ -63,7 +63,7 @@ def client_options(options: Optional[Mapping[str, Any]], *, setting: str) -> dic
 
 def build_client(endpoints: Union[str, Sequence[str], None], options: Optional[Mapping[str, Any]], *,
                  endpoints_setting: str, options_setting: str) -> Client:
-    """A :class:`~zqsync.Client` for these settings, closed at interpreter exit within :data:`EXIT_LINGER` s
+    """A `Client` for these settings, closed at interpreter exit within `EXIT_LINGER` s
     if it is still in use then; one no longer referenced (its app let go) is garbage collected, sockets and all.
 
     Building a client opens no socket: each process (and each gevent hub or

@@ -1,4 +1,4 @@
-"""A Flask extension: one pooled :class:`~zqsync.Client` per app, configured from ``app.config``.
+"""A Flask extension: one pooled `Client` per app, configured from ``app.config``.
 
 ::
 
@@ -18,7 +18,7 @@
         zq.enqueue("send_welcome", request.form["email"])   # the current app's client
         ...
 
-Settings read from ``app.config`` by :meth:`Zqsync.init_app`:
+Settings read from ``app.config`` by `Zqsync.init_app`:
 
 ``ZQSYNC_ENDPOINTS``
     a list of worker endpoints (or a comma-separated string);
@@ -26,11 +26,11 @@ Settings read from ``app.config`` by :meth:`Zqsync.init_app`:
     one endpoint (or a comma-separated string), used when ``ZQSYNC_ENDPOINTS``
     is unset; when neither is set, the ``ZQSYNC_ENDPOINT`` environment variable;
 ``ZQSYNC_CLIENT_OPTIONS``
-    a dict of :class:`~zqsync.Client` keyword arguments (``call_timeout``,
+    a dict of `Client` keyword arguments (``call_timeout``,
     ``pool_size``, ``congestion``, ...); ``curve`` may be a pair of key file paths.
 
 The client lives in ``app.extensions["zqsync"]`` and is closed at process
-exit with a bounded linger (:data:`zqsync.contrib._config.EXIT_LINGER` seconds);
+exit with a bounded linger (`zqsync.contrib._config.EXIT_LINGER` seconds);
 an app that is let go (an app factory's test app) takes its client and its
 sockets with it.
 """
@@ -51,7 +51,7 @@ EXTENSION_KEY = "zqsync"
 class Zqsync:
     """The zqsync extension; works with one app (``Zqsync(app)``) or an app factory (``init_app``).
 
-    :param app: a :class:`flask.Flask` app to initialise at once, or ``None``.
+    :param app: a `flask.Flask` app to initialise at once, or ``None``.
     """
 
     def __init__(self, app: Optional[Flask] = None) -> None:
@@ -87,11 +87,11 @@ class Zqsync:
             raise RuntimeError(f"Zqsync.init_app() was not called for the Flask app {current_app.name!r}") from None
 
     def enqueue(self, task: str, *args: Any, **kwargs: Any) -> str:
-        """:meth:`zqsync.Client.enqueue` on the current app's client: at most once; returns the job id."""
+        """`zqsync.Client.enqueue` on the current app's client: at most once; returns the job id."""
         return self.client.enqueue(task, *args, **kwargs)
 
     def call(self, task: str, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`zqsync.Client.call` on the current app's client: blocks for the result.
+        """`zqsync.Client.call` on the current app's client: blocks for the result.
 
         :raises RemoteError: the task raised. :raises CallTimeout: no reply in time.
         """

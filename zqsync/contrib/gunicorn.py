@@ -53,7 +53,7 @@ def child_exit(server: Any, worker: Any) -> None:
 def worker_exit(server: Any, worker: Any) -> None:
     """gunicorn ``worker_exit`` hook: export the metrics one last time (so a worker recycled by
     ``--max-requests`` or ``HUP`` loses none), then close every zqsync client, bounded by
-    :data:`EXIT_LINGER` seconds."""
+    `EXIT_LINGER` seconds."""
     if _metrics is not None:
         _metrics.update()
     close_all(linger=EXIT_LINGER)

@@ -2,7 +2,7 @@
 
 zqsync keeps its own counters (``Client.stats()``, ``SocketPool.stats()``,
 the worker's ``zqsync.stats``); nothing here touches the hot path. A
-:class:`MetricsSync` mirrors those counters into ``prometheus_client``
+`MetricsSync` mirrors those counters into ``prometheus_client``
 metrics every ``interval`` seconds, and task durations feed a histogram as
 tasks finish.
 
@@ -13,7 +13,7 @@ multiprocess mode too: that is what a gunicorn app and a prefork worker use.
 * gunicorn: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory before
   starting gunicorn. ``zqsync.contrib.gunicorn.post_fork`` then starts the
   sync in every worker and ``child_exit`` marks dead workers; serve
-  :func:`multiprocess_text` from a view (see the README).
+  `multiprocess_text` from a view (see the README).
 * ``zqsync worker --metrics-bind HOST:PORT``: one process serves directly; with
   ``--processes`` the supervisor serves the children's numbers in
   multiprocess mode.
@@ -58,10 +58,10 @@ class MetricsSync:
     """Mirrors zqsync's counters into ``prometheus_client`` metrics.
 
     Counters grow by what each client (and the worker) counted since the
-    previous :meth:`update`, so a client that is closed or collected between
+    previous `update`, so a client that is closed or collected between
     two updates loses only what it counted since the last one.
 
-    :param worker: a :class:`zqsync.worker.server.Worker` whose counters and
+    :param worker: a `zqsync.worker.server.Worker` whose counters and
         task durations to export, or ``None`` for a client-only process.
     :param registry: where the metrics live (default: the global registry).
     :param baseline: count only what happens from now on: what the clients of
@@ -179,7 +179,7 @@ def start_exporter(port: int, *, addr: str = "127.0.0.1") -> None:
 
 
 def serve(port: int, *, worker: Any = None, interval: float = 1.0, addr: str = "127.0.0.1") -> MetricsSync:
-    """:func:`start_exporter`, plus the sync of this process's counters every ``interval`` seconds."""
+    """`start_exporter`, plus the sync of this process's counters every ``interval`` seconds."""
     start_exporter(port, addr=addr)
     return MetricsSync(worker).start(interval)
 

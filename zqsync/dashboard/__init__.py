@@ -1,6 +1,6 @@
 """``zqsync dashboard``: see and steer a fleet of workers from a web page (needs the ``web`` extra).
 
-:func:`serve` runs it; :func:`zqsync.dashboard.app.create_app` builds the Flask app.
+`serve` runs it; `zqsync.dashboard.app.create_app` builds the Flask app.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ for all its children (keyed by its supervisor's pid, children listed under
 answer. The charts' series is sampled on its own timer: each sample's rates
 count every job and call that the polls saw since the previous sample, so no
 poll goes uncharted when two polls fall between two samples (a busy machine
-delays the sampler). Nothing is stored beyond :data:`HISTORY` samples in memory.
+delays the sampler). Nothing is stored beyond `HISTORY` samples in memory.
 """
 
 from __future__ import annotations
@@ -193,6 +193,7 @@ class Fleet:
             "processes": rows,
             "children": children,
             "in_flight": sum(row["in_flight"] for row in rows),
+            "queued": sum(row["queued"] for row in rows),
             "jobs_per_s": sum(row["jobs_per_s"] for row in rows),
             "calls_per_s": sum(row["calls_per_s"] for row in rows),
             "uptime": max((row["uptime"] for row in rows), default=None),
@@ -206,6 +207,9 @@ def _process_row(process: Process) -> dict[str, Any]:
         "prefork": "supervisor" in stats,
         "state": _state(stats),
         "in_flight": stats.get("in_flight", 0),
+        "queued": stats.get("queued", 0),
+        "delayed": stats.get("delayed", 0),
+        "queues": stats.get("queues", {}),
         "uptime": stats.get("uptime", 0.0),
         "age": time.monotonic() - process.seen,
         "jobs_per_s": process.jobs_per_s,

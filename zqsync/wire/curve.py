@@ -1,6 +1,6 @@
 """CURVE authentication and encryption (ZeroMQ RFC 26 CurveZMQ, RFC 27 ZAP).
 
-* :func:`keygen` writes a keypair with pyzmq's ``zmq.auth.create_certificates``
+* `keygen` writes a keypair with pyzmq's ``zmq.auth.create_certificates``
   (``NAME.key`` public, ``NAME.key_secret`` secret, mode 0600).
 * A worker loads its secret key and a directory of allowed client public
   keys; only those clients complete the handshake, so nothing from anyone
@@ -25,7 +25,7 @@ class Curve(NamedTuple):
     """A client's CURVE keys, Z85-encoded: the worker's public key, and the client's own pair.
 
     ``files`` is ``(server public key file, client secret key file)`` when the keys were loaded
-    with :meth:`from_files`: such a ``Curve`` pickles as those paths, and unpickling loads the
+    with `from_files`: such a ``Curve`` pickles as those paths, and unpickling loads the
     files again, so the secret key never travels inside a pickle.
     """
 

@@ -4,13 +4,14 @@ Request (client to worker; a DEALER frame, job or call, that a ROUTER
 receives as ``[identity, body]``)::
 
     {"v": 1, "id": str, "kind": "job" | "call" | "confirm", "task": str, "args": list, "kwargs": map,
-     "opts": {"due": float, "store": bool, "expires": float}, "deadline": float, "sent": float}
+     "opts": {"due": float, "store": bool, "expires": float, "canvas": map}, "deadline": float, "sent": float}
 
 ``opts`` is optional and sent only when set: ``due`` (epoch seconds, UTC) is
 when a confirmed job may run at the earliest (a delayed job); ``store`` asks
 the worker to keep a plain job's status and result for ``zqsync.job``;
 ``expires`` (epoch seconds) is when a confirmed job that has not started is
-no longer run (it is journaled with it; a plain job's expiry is its ``deadline``).
+no longer run (it is journaled with it; a plain job's expiry is its ``deadline``); ``canvas`` (a map)
+names the confirmed job's successors in a chain or chord (``zqsync/worker/canvas.py``).
 
 ``deadline`` and ``sent`` are optional and go together (a request without
 them never expires, as before): ``deadline`` is the budget in seconds the
@@ -21,7 +22,7 @@ clock, so clocks that disagree across hosts do not matter while the request
 travels and queues in the worker's process. But a request that waited in
 a stopped worker's kernel buffers is "received" only when the worker runs
 again, so the worker also checks ``sent + deadline`` against its own wall
-clock, allowing :data:`CLOCK_SKEW` seconds of disagreement between hosts
+clock, allowing `CLOCK_SKEW` seconds of disagreement between hosts
 (``Request.expires``). A worker does not start a request past its deadline.
 
 ``confirm`` is a job sent over the rpc socket: the reply acknowledges that it
@@ -35,22 +36,22 @@ Reply (worker to client, on the rpc socket only; an error reply has an empty
 
 ``id`` is the job id or request id, echoed in every reply so that a client
 can recognise and drop a stray reply (docs/design.md, pool rule 3). Decoding validates every
-field it uses and raises :class:`~zqsync.errors.ProtocolError` and nothing
+field it uses and raises `ProtocolError` and nothing
 else. Task arguments and results must be msgpack-serialisable: ``None``,
 bool, int, float, str, bytes, lists/tuples and maps of those.
 
-One set of limits holds on both sides: :func:`encode_request` (the client,
-before anything is sent) and :func:`decode_request` (the worker) run the same
+One set of limits holds on both sides: `encode_request` (the client,
+before anything is sent) and `decode_request` (the worker) run the same
 checks, so a request the worker would refuse raises ``ProtocolError`` in the
 caller instead of being counted as enqueued and dropped at the worker:
 
-* a frame of at most :data:`MAX_MESSAGE_SIZE` bytes (16 MiB; the worker's
+* a frame of at most `MAX_MESSAGE_SIZE` bytes (16 MiB; the worker's
   ``ZMQ_MAXMSGSIZE`` resets a connection that carries a larger one);
-* ``id`` a non-empty str of at most :data:`MAX_ID` characters, ``task`` one of
-  at most :data:`MAX_TASK_NAME`;
+* ``id`` a non-empty str of at most `MAX_ID` characters, ``task`` one of
+  at most `MAX_TASK_NAME`;
 * ``kwargs`` keys are str; map keys anywhere are scalars (str, bytes, int,
   float, bool, None; a tuple key would decode as an unhashable list);
-* nesting at most :data:`MAX_DEPTH` levels and at most :data:`MAX_ITEMS`
+* nesting at most `MAX_DEPTH` levels and at most `MAX_ITEMS`
   elements per list or map.
 """
 
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import _thread
 import math
-import reprlib
 import sys
 import time
 from typing import Any, NamedTuple, Optional
@@ -66,6 +66,9 @@ from typing import Any, NamedTuple, Optional
 import msgpack
 
 from ..errors import ProtocolError
+from .limits import MAX_DEPTH as MAX_DEPTH  # the limits are part of the envelope's contract
+from .limits import MAX_ITEMS, check_kwargs, check_nesting
+from .limits import short as _short
 
 VERSION = 1
 KINDS = ("job", "call", "confirm")
@@ -76,9 +79,6 @@ MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 MAX_RESULT_SIZE = MAX_MESSAGE_SIZE - 64 * 1024
 MAX_TASK_NAME = 200
 MAX_ID = 64
-#: Most elements of one msgpack array or map, and deepest nesting of arguments and results.
-MAX_ITEMS = 1_000_000
-MAX_DEPTH = 100
 #: Seconds the wall clocks of a client's and a worker's hosts may disagree before a request
 #: that carries a deadline is refused early (or run late) because of it.
 CLOCK_SKEW = 1.0
@@ -98,12 +98,12 @@ class Request(NamedTuple):
     #: the sender's wall-clock time (Unix seconds) when it encoded the request, with ``deadline``.
     sent: Optional[float] = None
     #: never on the wire: the decoding side's ``time.monotonic()`` after which the request must not
-    #: start, stamped by :func:`decode_request` (``None``: no deadline).
+    #: start, stamped by `decode_request` (``None``: no deadline).
     expires: Optional[float] = None
 
 
 #: Request options and their types (``opts`` on the wire).
-OPTIONS: dict[str, tuple[type, ...]] = {"due": (int, float), "store": (bool,), "expires": (int, float)}
+OPTIONS: dict[str, tuple[type, ...]] = {"due": (int, float), "store": (bool,), "expires": (int, float), "canvas": (dict,)}
 
 
 class Reply(NamedTuple):
@@ -158,19 +158,6 @@ def _unpack(data: bytes, max_size: int) -> dict[str, Any]:
     if type(version) is not int or version != VERSION:  # True == 1 and 1.0 == 1 in Python: check the type
         raise ProtocolError(f"unsupported protocol version {_short(version)} (this side speaks {VERSION})")
     return message
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 2, 60, 60
-
-
-def _short(value: Any) -> str:
-    """A bounded repr for error messages: never deep, never long, whatever a peer sent."""
-    return _REPR.repr(value)
-
-
-#: Types a map key may have: msgpack decodes them to hashable values.
-KEY_TYPES = (str, bytes, int, float, bool, type(None))
 
 
 def _check_str(message: dict[str, Any], field: str, limit: int) -> str:
@@ -241,11 +228,12 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
         raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
     _check_arguments(args, kwargs)
     deadline, sent = message.get("deadline"), message.get("sent")
+    expires = None
     if deadline is not None or sent is not None:
         deadline, sent = _check_seconds("deadline", deadline), _check_seconds("sent", sent)
-    request = Request(message["id"], kind, task, args, kwargs, _check_options(message.get("opts", {})),
-                      deadline, sent)
-    return request._replace(expires=_expires_at(request, time.monotonic()))
+        expires = _expires_at(deadline, sent, time.monotonic())
+    options = _check_options(message["opts"]) if "opts" in message else {}
+    return Request(message["id"], kind, task, args, kwargs, options, deadline, sent, expires)
 
 
 def _check_options(options: Any) -> dict[str, Any]:
@@ -255,7 +243,7 @@ def _check_options(options: Any) -> dict[str, Any]:
         kinds = OPTIONS.get(key)
         if kinds is None or not isinstance(value, kinds) or (kinds != (bool,) and isinstance(value, bool)):
             raise ProtocolError(f"option {_short(key)} is unknown or has a bad value {_short(value)} "
-                                f"(known: due and expires: epoch seconds, store: bool)")
+                                f"(known: due and expires: epoch seconds, store: bool, canvas: map)")
     return dict(options)
 
 
@@ -265,66 +253,30 @@ def _check_seconds(field: str, value: Any) -> float:
     return float(value)
 
 
-def _expires_at(request: Request, received: float) -> Optional[float]:
-    """The decoding side's monotonic time after which ``request`` must not start; ``None``: no deadline.
+def _expires_at(deadline: float, sent: float, received: float) -> float:
+    """The decoding side's monotonic time after which a request must not start.
 
+    :param deadline: the request's budget, seconds; ``sent``: the sender's wall-clock time (Unix seconds).
     :param received: the worker's ``time.monotonic()`` when it read the request.
     :returns: the earlier of ``received + deadline`` (immune to clock differences between
         hosts) and the wall-clock bound ``sent + deadline + CLOCK_SKEW`` moved onto the
         monotonic clock (catches a request that waited in a stopped worker's buffers).
     """
-    if request.deadline is None or request.sent is None:
-        return None
-    by_wall = request.sent + request.deadline + CLOCK_SKEW - time.time()
-    return received + min(request.deadline, by_wall)
+    by_wall = sent + deadline + CLOCK_SKEW - time.time()
+    return received + min(deadline, by_wall)
 
 
 def _check_arguments(args: list[Any], kwargs: Any) -> None:
-    if not isinstance(kwargs, dict):
-        raise ProtocolError(f"field 'kwargs' must be a map with str keys, got {type(kwargs).__name__}")
-    bad = [key for key in kwargs if not isinstance(key, str)]
-    if bad:
-        raise ProtocolError(f"field 'kwargs' must be a map with str keys, got key {_short(bad[0])}")
-    if len(args) <= MAX_ITEMS and len(kwargs) <= MAX_ITEMS and _all_scalar(args) and _all_scalar(kwargs.values()):
-        return  # the common case: flat arguments, nothing to walk
-    _check_value(args)
-    _check_value(kwargs)
-
-
-#: Types of values with nothing inside them to check (exact types: a subclass takes the full walk).
-SCALAR_TYPES = frozenset({str, bytes, int, float, bool, type(None)})
-
-
-def _all_scalar(values: Any) -> bool:
-    return all(type(value) in SCALAR_TYPES for value in values)
-
-
-def _check_value(value: Any) -> None:
-    """Refuse nesting deeper than MAX_DEPTH, lists or maps over MAX_ITEMS, and map keys
-    that are not scalars (iteratively: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ProtocolError(f"value nests deeper than {MAX_DEPTH} levels (MAX_DEPTH)")
-        if isinstance(item, (list, tuple, dict)) and len(item) > MAX_ITEMS:
-            raise ProtocolError(f"a list or map of {len(item)} elements is over the limit of {MAX_ITEMS} (MAX_ITEMS)")
-        if isinstance(item, (list, tuple)):
-            stack.extend((child, depth + 1) for child in item)
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if not isinstance(key, KEY_TYPES):
-                    raise ProtocolError(
-                        f"map key {_short(key)} is a {type(key).__name__}: keys must be str, bytes, int, float, "
-                        "bool or None"
-                    )
-                stack.append((child, depth + 1))
+    check_nesting(args)
+    if kwargs or type(kwargs) is not dict:  # an empty dict: nothing to check
+        check_kwargs(kwargs)
+        check_nesting(kwargs)
 
 
 def encode_result(request_id: str, result: Any, *, max_size: int = MAX_RESULT_SIZE) -> bytes:
     """Encode a success reply.
 
-    :param max_size: bytes the frame may take (default :data:`MAX_RESULT_SIZE`).
+    :param max_size: bytes the frame may take (default `MAX_RESULT_SIZE`).
     :raises ProtocolError: msgpack cannot encode ``result`` (the message names the type or the
         limit it is past), or the frame is over ``max_size`` bytes.
     """
@@ -364,9 +316,7 @@ def decode_reply(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Reply:
         _check_str(message, "id", MAX_ID)
     if ok is True:
         result = message.get("result")
-        if not (type(result) in SCALAR_TYPES or (type(result) is dict and _all_scalar(result) and _all_scalar(
-                result.values()))):  # the common cases (a value, a flat map such as an acknowledgement): no walk
-            _check_value(result)
+        check_nesting(result)
         return Reply(message["id"], True, result, None)
     error = message.get("error")
     if ok is not False or not isinstance(error, dict):

@@ -1,11 +1,11 @@
 """Admission of confirmed jobs read on a worker's rpc socket: a bounded count in flight, a bounded hold before it.
 
 A confirmed job read on the rpc socket takes an *admission place* (at most
-:data:`ADMISSIONS`) until it is answered: while it waits for its group commit,
+`ADMISSIONS`) until it is answered: while it waits for its group commit,
 and after that while its acknowledgement waits for a backlog place in the
 scheduler. When every place is taken, the job is *held* in a
-:class:`HeldConfirms` (oldest first, one entry per job id, at most
-:data:`HELD_CONFIRMS`), unacknowledged, and the rpc socket keeps being read,
+`HeldConfirms` (oldest first, one entry per job id, at most
+`HELD_CONFIRMS`), unacknowledged, and the rpc socket keeps being read,
 so the worker's own calls (``zqsync.ping``, ``zqsync.stats``) still answer at
 once. A resend under an id already held (the client sends again every
 ``ZQSYNC_CONFIRM_RETRY`` seconds) only updates where the answer goes. Past
@@ -31,7 +31,7 @@ HELD_CONFIRMS = 1000
 class Admissions:
     """Confirmed jobs received and not yet answered, at most ``size``: a count, with no greenlet per job.
 
-    Quacks like the part of a ``gevent.pool.Pool`` that :meth:`Worker._offer_work` and a stop use
+    Quacks like the part of a ``gevent.pool.Pool`` that `Worker._offer_work` and a stop use
     (``free_count``, ``wait_available``, ``join``).
     """
 

@@ -1,7 +1,7 @@
 """ZAP authentication for a worker's CURVE sockets (ZeroMQ RFC 27).
 
 ZAP requests are answered by pyzmq's ``zmq.auth.Authenticator`` logic. pyzmq
-ships thread and asyncio drivers but none for gevent; :class:`GeventAuthenticator`
+ships thread and asyncio drivers but none for gevent; `GeventAuthenticator`
 serves the ZAP socket from a greenlet with a ``zmq.green`` socket, so a
 monkey-patched worker never blocks its hub on authentication. The prefork
 supervisor, which has no gevent, uses pyzmq's ``ThreadAuthenticator``.

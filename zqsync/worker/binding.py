@@ -1,13 +1,13 @@
 """Binding a worker's socket pair (jobs on PORT, rpc on PORT+1), and the options of every socket clients connect to.
 
-:func:`serve_clients` is applied to each ROUTER a client connects to: a standalone worker's pair,
+`serve_clients` is applied to each ROUTER a client connects to: a standalone worker's pair,
 a named queue's socket and a prefork supervisor's public pair (``docs/design.md``, "Delivery semantics"):
 
 * ``ZMQ_ROUTER_HANDOVER``: a client that reconnects after a cut keeps its routing id, and the worker
   may still hold the old connection (no FIN crossed the cut). Without the option libzmq ignores the
   new connection for good and everything sent on it is lost unread; with it the new connection takes
   the id over. libzmq then drops what the worker had not yet read from the old connection.
-* TCP keepalive (``keepalive_idle``, ``keepalive_interval``, :data:`KEEPALIVE_PROBES`): the worker's
+* TCP keepalive (``keepalive_idle``, ``keepalive_interval``, `KEEPALIVE_PROBES`): the worker's
   kernel probes a silent connection and closes it when the client's host no longer answers, so a
   stale connection does not hold an fd and its buffers for ever. The client's kernel answers the
   probes however busy either process is, so it never drops a connection to a live client; ZMTP
@@ -52,7 +52,7 @@ def serve_clients(sock: zmq.Socket, keepalive: tuple[float, float] = KEEPALIVE) 
 def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_key: Optional[str] = None,
               keepalive: tuple[float, float] = KEEPALIVE) -> str:
     """Bind ``jobs`` to PORT and ``rpc`` to PORT+1 of ``address`` (``tcp://HOST:PORT``), both set up
-    by :func:`serve_clients` with ``keepalive``.
+    by `serve_clients` with ``keepalive``.
 
     PORT ``0`` picks a free pair in 20000..60000, retrying while PORT+1 is taken.
     HOST may be an IPv4 address, ``*`` (every IPv4 interface), a host name,
@@ -86,8 +86,8 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
 
 def configure_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_key: Optional[str] = None,
                    keepalive: tuple[float, float] = KEEPALIVE) -> None:
-    """Set the options :func:`bind_pair` sets before it binds ``address`` (``tcp://HOST:PORT``): those of
-    :func:`serve_clients`, ``ZMQ_IPV6`` for a bracketed host, CURVE, or the warning for a non-loopback host
+    """Set the options `bind_pair` sets before it binds ``address`` (``tcp://HOST:PORT``): those of
+    `serve_clients`, ``ZMQ_IPV6`` for a bracketed host, CURVE, or the warning for a non-loopback host
     without it."""
     host, _ = parse_endpoint(address, allow_zero=True)
     serve_clients(jobs, keepalive)

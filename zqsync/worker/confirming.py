@@ -19,6 +19,7 @@ import gevent.pool
 import gevent.queue
 
 from ..wire import envelope
+from .canvas import check_spec
 from .group_commit import GroupCommit
 from .jobs import Confirm, Job
 from .journal_api import NewJob
@@ -29,7 +30,7 @@ log = logging.getLogger("zqsync.worker.scheduler")  # the log lines keep their l
 
 
 class Confirming:
-    """The confirm half of :class:`~zqsync.worker.scheduler.JobScheduler` (a mixin: it sets these)."""
+    """The confirm half of `JobScheduler` (a mixin: it sets these)."""
 
     runner: Runner
     slots: gevent.pool.Pool
@@ -44,7 +45,7 @@ class Confirming:
 
         Never blocks. The job goes to the writer thread, which commits it with
         every job that arrived meanwhile (group commit) and then posts one hub
-        callback per batch (:meth:`_answer_batch`) that answers the batch's
+        callback per batch (`_answer_batch`) that answers the batch's
         jobs, so a job is acknowledged only after the transaction holding it
         has committed and the journal file was checked to be the one opened.
         A job id seen before is acknowledged as a duplicate and not run again;
@@ -59,9 +60,12 @@ class Confirming:
         if refusal:  # fail fast until the write loop finds the journal writable
             answer(self._refuse(request, refusal))
             return
-        expires = request.options.get("expires")
-        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs,
-                                       options={} if expires is None else {"expires": expires})
+        kept = {key: request.options[key] for key in ("expires", "canvas") if key in request.options}
+        wrong = check_spec(kept["canvas"]) if "canvas" in kept else None
+        if wrong:
+            answer(envelope.encode_error(request.id, "ProtocolError", f"job {request.id}: {wrong}"))
+            return
+        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs, options=kept)
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         now = time.time()
         due = due if due > now else 0.0

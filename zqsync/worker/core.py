@@ -1,6 +1,6 @@
-"""The state of a worker and its stats: the base of :class:`~zqsync.worker.server.Worker`.
+"""The state of a worker and its stats: the base of `Worker`.
 
-:class:`Core` makes the task slots, the call pools, the admission places, the runner and the
+`Core` makes the task slots, the call pools, the admission places, the runner and the
 scheduler, and answers ``zqsync.stats``; the receive loops (``receiving.py``), the stop sequence
 (``shutdown.py``) and serving (``server.py``) build on it. What depends on how work reaches the worker
 is its intake's (``intake.py``).
@@ -46,7 +46,7 @@ LONG_POLLS = 10_000
 
 
 class Core:
-    """A worker's state and stats (the parameters are :class:`~zqsync.worker.server.Worker`'s)."""
+    """A worker's state and stats (the parameters are `Worker`'s)."""
 
     jobs: zmq.Socket
     rpc: zmq.Socket
@@ -113,12 +113,12 @@ class Core:
     def stats(self) -> dict[str, Any]:
         """Counters for ``zqsync.stats`` calls: this process's, or under a prefork supervisor the whole worker's.
 
-        Standalone: :meth:`local_stats`. Under a supervisor, every child's
+        Standalone: `local_stats`. Under a supervisor, every child's
         local stats gathered over their admin sockets (``fleet.py``; blocks
         the calling greenlet up to ``fleet.GATHER_TIMEOUT``, 1.0 s, for a
         child that does not answer) and merged:
 
-        - every counter of :meth:`local_stats` (``jobs_*``, ``plain_received``,
+        - every counter of `local_stats` (``jobs_*``, ``plain_received``,
           ``confirmed_*``, ``calls_*``, ``in_flight``, ...): the sum over the
           children that answered;
         - ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
@@ -160,7 +160,9 @@ class Core:
             ``durations``: per task and ``"*"``, ``count`` and ``p50``/``p90``/``p99``
             seconds over recent runs; ``clients``: the stats of the
             zqsync clients that tasks in this process use; and ``queues``:
-            per named queue, its ``endpoint``, ``concurrency`` and ``running`` tasks;
+            per named queue, its ``endpoint``, ``concurrency``, ``running`` tasks and ``waiting``
+            (whether a job waits on its socket); ``queued`` and ``delayed``: the jobs held here and not
+            started yet (``Scheduler.depth``);
             ``rate_limited``: per task with a ``rate_limit`` that has run here, how many of its jobs
             wait for their turn now (``ratelimit.py``).
 
@@ -197,6 +199,7 @@ class Core:
             "clients": [client.stats() for client in _common.live_clients()],
             "queues": {queue.name: queue.stats() for queue in self.queues},
             "rate_limited": self.scheduler.limits.stats(),
+            **self.scheduler.depth(),
         }
 
     def _pools(self) -> list[gevent.pool.Pool]:

@@ -5,13 +5,13 @@ backends of its own, bound here: a PUSH for its jobs and a DEALER for its
 calls (and their replies). A child offers work by sending *credits*
 (its jobs endpoint, ``slot``, a count, how many jobs it has read so far, and how much work of that kind
 it has started so far) to the shared credits socket: up to
-:data:`CREDITS_MAX` outstanding, never more than its free task slots, so the
+`CREDITS_MAX` outstanding, never more than its free task slots, so the
 router need not wait for a round trip per message. Each time work it got has
 started, the child sends one such message (with zero or more new credits),
 which also acknowledges that work (``server.py``). The router keeps the send time of
 each piece of work a child has not acknowledged yet, in order, and its started counts pop them, so
 a late acknowledgement of earlier work does not acknowledge what was sent after it. A child whose
-oldest unacknowledged work was sent more than :data:`SUSPECT_AFTER` seconds ago is passed over while a
+oldest unacknowledged work was sent more than `SUSPECT_AFTER` seconds ago is passed over while a
 sibling is not suspected (the work waits for that sibling's credits), and
 when every child is suspected, the one silent for the shortest time gets it: so a child whose hub is blocked (a task that never
 yields, a SIGSTOP) gets at most its remaining credits' worth of messages
@@ -23,11 +23,11 @@ congestion control sees it. Confirmed jobs need no task slot, only to be
 journaled, so they travel on ``admit`` credits, which a child offers while
 it can admit one; the broker reads each rpc message's ``kind`` to choose.
 An rpc message that has no credit of its kind yet is held, in arrival order,
-up to :data:`HOLD_MAX` of each kind. Past that many calls the public rpc
+up to `HOLD_MAX` of each kind. Past that many calls the public rpc
 socket is not read (as a standalone worker stops receiving past
 ``WAITING_CALLS``). Confirmed jobs never stop it: they are held one per job
 id (a client's resend under the same id only updates where the answer goes),
-and past :data:`HOLD_MAX` of them a new one is dropped unacknowledged, so its
+and past `HOLD_MAX` of them a new one is dropped unacknowledged, so its
 client sends it again (``admission.py`` does the same in a child). The
 worker's own calls (``zqsync.*``: ping, stats, job status) need no credit:
 each goes at once to an open child, in turn, which answers it outside its
@@ -35,14 +35,14 @@ task pool, so they answer while every child is busy and while the confirms
 wait.
 
 The router counts the jobs it sends each child. When a child exits, those it never read are lost
-with it: counted in :attr:`Dispatcher.jobs_lost`, and logged by the supervisor. A child that stops
-reads its backend until :data:`END_OF_JOBS`, which the router sends after the last job it routes
+with it: counted in `Dispatcher.jobs_lost`, and logged by the supervisor. A child that stops
+reads its backend until `END_OF_JOBS`, which the router sends after the last job it routes
 there, and reports what it read; a SIGKILLed child's count is from its last credit message.
 On a stop the router sends the stopping notice to the public jobs socket's clients (``stopping.py``)
 and routes what they still send, as a standalone worker reads it.
 
 One native thread runs the loop and owns every socket; the supervisor's main
-thread asks it to act through :meth:`Dispatcher.call`. The supervisor still
+thread asks it to act through `Dispatcher.call`. The supervisor still
 never imports gevent.
 """
 
@@ -117,7 +117,7 @@ class Dispatcher:
 
     :param context: the supervisor's context.
     :param directory: where the private ``ipc://`` endpoints live.
-    :param jobs_front: the bound public jobs socket; from :meth:`start` on, only the loop uses it.
+    :param jobs_front: the bound public jobs socket; from `start` on, only the loop uses it.
     :param rpc_front: the bound public rpc socket; likewise.
     """
 
@@ -156,7 +156,7 @@ class Dispatcher:
 
     @property
     def alive(self) -> bool:
-        """Whether the loop still runs (it ends only on :meth:`stop`, or on a bug, which it logs)."""
+        """Whether the loop still runs (it ends only on `stop`, or on a bug, which it logs)."""
         return self._thread.is_alive()
 
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
@@ -192,7 +192,7 @@ class Dispatcher:
         return endpoints
 
     def close_child(self, jobs_endpoint: str) -> None:
-        """Route no more work to this child (it is retiring), and send it :data:`END_OF_JOBS`; its replies
+        """Route no more work to this child (it is retiring), and send it `END_OF_JOBS`; its replies
         still flow."""
         route = self.routes.get(jobs_endpoint.encode())
         if route is not None:
@@ -206,7 +206,7 @@ class Dispatcher:
         Those are the jobs sent to it and not read by it: ``read`` if the child reported it before exiting
         (``None``: it was killed), else what its last credit message said. For a child killed while it
         ran jobs, this counts at most ``CREDITS_MAX`` of them that started just before the kill too (the
-        credit message saying so died with it). Added to :attr:`jobs_lost`."""
+        credit message saying so died with it). Added to `jobs_lost`."""
         self._read_credits()
         route = self.routes.pop(jobs_endpoint.encode(), None)
         self._forget_credits()
@@ -221,7 +221,7 @@ class Dispatcher:
     def notify_stopping(self) -> int:
         """Send the stopping notice to every client that sent on the public jobs socket (``stopping.py``);
         returns how many. Clients that send later are told when they do. From now on the public jobs
-        socket is read whether or not a child has a credit, into :attr:`backlog`, as a stopping worker
+        socket is read whether or not a child has a credit, into `backlog`, as a stopping worker
         reads its socket into memory: what a client flushes must not wait in its buffers for the unbind."""
         return self.peers.notify_all()
 
@@ -231,8 +231,8 @@ class Dispatcher:
         self.last_job = time.monotonic()
 
     def end_jobs(self) -> int:
-        """Read the public jobs socket no more: drop what is left in its queue and the :attr:`backlog`
-        (returns how many), and send every child :data:`END_OF_JOBS`, after the last job routed to it."""
+        """Read the public jobs socket no more: drop what is left in its queue and the `backlog`
+        (returns how many), and send every child `END_OF_JOBS`, after the last job routed to it."""
         count = self.discard_jobs() + len(self.backlog)
         self.backlog.clear()
         self.jobs_ended = True
@@ -311,7 +311,7 @@ class Dispatcher:
                 self.ready[kind].extend([name] * int(count))
 
     def _route_call(self) -> bool:
-        """Read the public rpc queue (while fewer than :data:`HOLD_MAX` calls are held), send the worker's
+        """Read the public rpc queue (while fewer than `HOLD_MAX` calls are held), send the worker's
         own calls on at once, and route held messages to children with credits; ``False`` if nothing moved."""
         moved = False
         while len(self.held[SLOT]) < HOLD_MAX:
@@ -334,7 +334,7 @@ class Dispatcher:
 
     def _hold(self, kind: bytes, job_id: Optional[str], frames: list[bytes]) -> None:
         """Hold an rpc message until a child has a ``kind`` credit: a call in line, a confirmed job under its
-        id (a resend replaces the frames it holds), or, past :data:`HOLD_MAX` of them, not at all."""
+        id (a resend replaces the frames it holds), or, past `HOLD_MAX` of them, not at all."""
         held = self.held[kind]
         key: Any = job_id
         if kind == SLOT or key is None:  # a confirm without a valid id: its child answers it with an error
@@ -348,7 +348,7 @@ class Dispatcher:
 
     def _route_any(self, frames: list[bytes]) -> None:
         """Send an rpc message to the next open child that can take it, credit or not: one of the worker's
-        own calls, or any message once the children are stopping (:meth:`refuse_calls`)."""
+        own calls, or any message once the children are stopping (`refuse_calls`)."""
         routes = [route for route in self.routes.values() if route.open]
         self._turns += 1
         for index in range(len(routes)):
@@ -383,7 +383,7 @@ class Dispatcher:
         return self.peers.frame(frames) or MALFORMED
 
     def _take_jobs(self) -> None:
-        """While stopping: read up to :data:`stopping.BATCH` jobs of the public queue into the backlog."""
+        """While stopping: read up to `stopping.BATCH` jobs of the public queue into the backlog."""
         for _ in range(BATCH):
             try:
                 self.backlog.append(self._take_job())
@@ -396,7 +396,7 @@ class Dispatcher:
             self.ready[kind] = collections.deque(name for name in names if self.routes.get(name, _CLOSED).open)
 
     def _route(self, frames: list[bytes], socket: str, kind: bytes) -> None:
-        """Send ``frames`` to the child of the next usable ``kind`` credit (:meth:`_usable`: there is one)."""
+        """Send ``frames`` to the child of the next usable ``kind`` credit (`_usable`: there is one)."""
         ready = self.ready[kind]
         index = self._usable(kind)
         assert index is not None
@@ -416,7 +416,7 @@ class Dispatcher:
         """Index in ``ready[kind]`` of the credit to use next, or ``None`` if none may be used now.
 
         The first credit, except that children which have not acknowledged their work for
-        :data:`SUSPECT_AFTER` seconds are passed over (even with no other credit yet) while some
+        `SUSPECT_AFTER` seconds are passed over (even with no other credit yet) while some
         open child is not suspected: its credits will come. When every open child is suspected
         (on a busy machine a healthy child can be slow to acknowledge), the first credit of the
         one silent for the shortest time: a blocked child has been silent the longest."""
@@ -460,7 +460,7 @@ def _end_jobs(route: _Route) -> None:
 
 
 def credit_of(body: bytes) -> tuple[bytes, Optional[str]]:
-    """The credit an rpc message needs, :func:`kind_of` its request (``SLOT`` for a malformed body: its
+    """The credit an rpc message needs, `kind_of` its request (``SLOT`` for a malformed body: its
     child answers it with an error), and the request's ``id`` (``None`` unless it is a str)."""
     try:
         request = msgpack.unpackb(body, raw=False, max_bin_len=len(body), max_str_len=len(body))

@@ -6,7 +6,7 @@ ROUTER on ``ipc://DIR/admin-PID`` in the supervisor's private directory
 (beside the ``ipc://`` backends), that answers with its own stats without
 taking a task slot. The child that got the call asks every sibling's admin
 socket at once, waits up to ``GATHER_TIMEOUT`` seconds, and merges the
-answers with :func:`merge`; a sibling that does not answer in time (its hub
+answers with `merge`; a sibling that does not answer in time (its hub
 blocked by a task that never yields, or stopped) is listed as
 ``unreachable``. The supervisor writes ``DIR/supervisor.json`` (its pid,
 start time, configured processes, restarts and plain jobs lost with children) and removes the admin socket
@@ -117,7 +117,7 @@ def merge(reports: list[dict[str, Any]], supervisor: dict[str, Any]) -> dict[str
 
     :param reports: ``{"stats": a child's own stats, "samples": {task: [seconds, ...]}}``
         per child, the answering child first.
-    :param supervisor: what :func:`read_supervisor_file` returned.
+    :param supervisor: what `read_supervisor_file` returned.
     """
     own = reports[0]["stats"]
     totals: collections.Counter[str] = collections.Counter()

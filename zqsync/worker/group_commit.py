@@ -1,6 +1,6 @@
 """GroupCommit: the scheduler's journal writes, made in batches by the journal's writer thread.
 
-The hub queues operations (``journal_writer.py``'s :class:`WriterThread`
+The hub queues operations (``journal_writer.py``'s `WriterThread`
 carries them): ``add`` (a confirmed job to insert, answered by the
 scheduler's batch callback), ``start`` (an attempt to count before it runs)
 and ``flush`` (wait until what was recorded before it is committed), each
@@ -50,7 +50,7 @@ class GroupCommit:
 
     :param journal: the registered journal.
     :param counters: the worker's counters (``journal_errors`` is counted here).
-    :param answer_batch: the scheduler's callback for each batch (:data:`AnswerBatch`).
+    :param answer_batch: the scheduler's callback for each batch (`AnswerBatch`).
     """
 
     def __init__(self, journal: JournalBackend, counters: dict[str, int], answer_batch: AnswerBatch) -> None:

@@ -1,10 +1,10 @@
 """Task handles: what ``@registry.task`` returns.
 
-A :class:`TaskHandle` is still the function (calling it runs it here, in
+A `TaskHandle` is still the function (calling it runs it here, in
 this process) and also sends it: ``add.enqueue(1, 2)`` is
 ``client.enqueue("add", 1, 2)`` and ``add.call(1, 2)`` is
 ``client.call("add", 1, 2)``, on the process's default client
-(``ZQSYNC_ENDPOINT``) or on the one given to :meth:`TaskHandle.using`. The
+(``ZQSYNC_ENDPOINT``) or on the one given to `TaskHandle.using`. The
 handle is generic in the function's parameters and return type
 (``TaskHandle[P, R]``, after dramatiq's ``Actor[P, R]``), so a type checker
 checks the arguments of ``enqueue`` and ``call`` and knows that
@@ -12,9 +12,8 @@ checks the arguments of ``enqueue`` and ``call`` and knows that
 returns. A typo in a task name is then an ``AttributeError`` at import (or a
 type error), not a job dropped at the worker.
 
-The handle's task record (:class:`~zqsync.worker.registry.Task`: name,
-options) is :attr:`TaskHandle.task`; :meth:`Registry.get
-<zqsync.worker.registry.Registry.get>` returns the same record. String task
+The handle's task record (`Task`: name,
+options) is `TaskHandle.task`; `Registry.get` returns the same record. String task
 names keep working everywhere.
 """
 
@@ -30,6 +29,7 @@ else:  # Python 3.9
     from typing_extensions import ParamSpec
 
 if TYPE_CHECKING:
+    from ..canvas import Signature
     from ..client.client import Client
     from ..client.jobs import Job
     from .registry import Task
@@ -39,11 +39,11 @@ R = TypeVar("R")
 
 
 class TaskHandle(Generic[P, R]):
-    """A registered task: callable as its function, and sent with :meth:`enqueue` or :meth:`call`.
+    """A registered task: callable as its function, and sent with `enqueue` or `call`.
 
     :param task: the registered task record.
     :param client: the client to send through; ``None`` for the process's default client
-        (:func:`zqsync.client.client.default_client`, built from ``ZQSYNC_ENDPOINT`` at first use).
+        (`zqsync.client.client.default_client`, built from ``ZQSYNC_ENDPOINT`` at first use).
     """
 
     def __init__(self, task: "Task", client: Optional["Client"] = None) -> None:
@@ -72,18 +72,25 @@ class TaskHandle(Generic[P, R]):
         return default_client()
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> "Job[R]":
-        """:meth:`Client.enqueue <zqsync.Client.enqueue>` of this task: at most once; returns its
-        :class:`~zqsync.client.jobs.Job` (a ``str`` id with ``result()``, ``status()``, ``cancel()``)."""
+        """`Client.enqueue` of this task: at most once; returns its
+        `Job` (a ``str`` id with ``result()``, ``status()``, ``cancel()``)."""
         return self._sender().enqueue(self.name, *args, **kwargs)
 
     def enqueue_with_options(self, *, args: Iterable[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
                              **options: Any) -> "Job[R]":
-        """:meth:`Client.enqueue_with_options <zqsync.Client.enqueue_with_options>` of this task
+        """`Client.enqueue_with_options` of this task
         (``confirm=``, ``delay=``, ``job_id=``, ...). ``args`` and ``kwargs`` are not type-checked here."""
         return self._sender().enqueue_with_options(self.name, args=args, kwargs=kwargs, **options)
 
+    def s(self, *args: Any, **kwargs: Any) -> "Signature":
+        """A `Signature` of this task with these arguments, for ``zqsync.chain``,
+        ``zqsync.group`` and ``zqsync.chord`` (sent through this handle's client unless told otherwise)."""
+        from ..canvas import Signature
+
+        return Signature(self.name, args, dict(kwargs), self._client)
+
     def call(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        """:meth:`Client.call <zqsync.Client.call>` of this task: blocks for its result.
+        """`Client.call` of this task: blocks for its result.
 
         :raises RemoteError: the task raised. :raises CallTimeout: no reply in time.
         """
@@ -91,7 +98,7 @@ class TaskHandle(Generic[P, R]):
 
     def call_with_options(self, *, args: Iterable[Any] = (), kwargs: Optional[Mapping[str, Any]] = None,
                           timeout: Optional[float] = None) -> R:
-        """:meth:`Client.call_with_options <zqsync.Client.call_with_options>` of this task."""
+        """`Client.call_with_options` of this task."""
         return self._sender().call_with_options(  # type: ignore[no-any-return]
             self.name, args=args, kwargs=kwargs, timeout=timeout)
 

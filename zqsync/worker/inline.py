@@ -1,15 +1,15 @@
 """The worker's fast receive path: C-level reads that drain before waiting, and tasks run inline.
 
-:class:`Reader` reads one socket from one greenlet with C-level ``NOBLOCK``
+`Reader` reads one socket from one greenlet with C-level ``NOBLOCK``
 receives until ``EAGAIN``, and only then waits, once, on the socket's file
 descriptor. ``zmq.green`` instead reads ``EVENTS`` (a ``poll`` and a
 ``getpid`` system call) after every operation and arms a ``gevent.Timeout``
 per wait. The descriptor is edge-triggered: another greenlet sending on the
 same socket may consume the edge that announced new input, so every sender
-calls :meth:`Reader.kick` after its send, which wakes a parked reader to
+calls `Reader.kick` after its send, which wakes a parked reader to
 read again.
 
-:func:`run_inline` runs one task in the receiving greenlet itself, holding
+`run_inline` runs one task in the receiving greenlet itself, holding
 a slot of the task pool, so a task that finishes without yielding costs no
 greenlet spawn. If the task yields to the hub (it waits on I/O, sleeps, or
 is preempted by a ``gevent.Timeout``), a hub callback scheduled beforehand
@@ -39,8 +39,8 @@ YIELD_EVERY = 64
 class Reader:
     """C-level reads of ``sock`` (a ``zmq.green`` or plain socket) for one greenlet at a time.
 
-    :param sock: the socket to read; its other users send with :meth:`send_multipart`
-        (or call :meth:`kick` after their own sends).
+    :param sock: the socket to read; its other users send with `send_multipart`
+        (or call `kick` after their own sends).
     """
 
     def __init__(self, sock: zmq.Socket) -> None:
@@ -55,7 +55,7 @@ class Reader:
     def recv(self) -> bytes:
         """One single-frame message; blocks this greenlet only when the socket's queue is empty.
 
-        Every :data:`YIELD_EVERY` messages read without waiting it yields to the hub first (before
+        Every `YIELD_EVERY` messages read without waiting it yields to the hub first (before
         reading, so a greenlet killed there holds no message): under a flood of tasks run inline, the
         hub must still run signals, the watchdog and the other sockets' greenlets."""
         self._fair()
@@ -66,7 +66,7 @@ class Reader:
                 self._wait()
 
     def recv_multipart(self) -> list[bytes]:
-        """One message's frames; blocks and yields as :meth:`recv` does."""
+        """One message's frames; blocks and yields as `recv` does."""
         self._fair()
         while True:
             try:

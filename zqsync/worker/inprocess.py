@@ -1,6 +1,6 @@
 """A real worker core served in the calling process, for tests of task semantics without a subprocess.
 
-:class:`InProcessWorker` runs :class:`~zqsync.worker.server.Worker` (standalone intake, ephemeral
+`InProcessWorker` runs `Worker` (standalone intake, ephemeral
 ``tcp://127.0.0.1`` ports) in a native thread of its own, with a gevent hub of its own: the worker's
 greenlets run in that hub, the test's clients in the test's thread (and hub, under monkey-patching),
 and they meet over loopback TCP, as a client and a worker process do. It is the worker that
@@ -8,7 +8,7 @@ and they meet over loopback TCP, as a client and a worker process do. It is the 
 main thread) and no watchdog thread, so a time limit holds for tasks that yield (``gevent.Timeout``)
 and not for those that block the hub; tests of signals, kills, forks and the watchdog need a real process.
 
-:meth:`InProcessWorker.wait` blocks the test until a condition on the worker's counters holds. The
+`InProcessWorker.wait` blocks the test until a condition on the worker's counters holds. The
 condition is checked in the worker's hub each time that hub is about to wait for I/O (a libev
 ``prepare`` watcher: after every piece of work, never on a timer), and at once when the test asks
 (an ``async`` watcher), so nothing polls. The client and the worker use separate ZeroMQ contexts
@@ -35,7 +35,7 @@ class InProcessWorker:
     """A worker serving ``registry`` in a thread of this process (see the module docstring).
 
     :param registry: the tasks to serve.
-    :param settings: :class:`~zqsync.settings.WorkerSettings` fields (``concurrency=4``,
+    :param settings: `WorkerSettings` fields (``concurrency=4``,
         ``state_dir=...``); ``bind`` defaults to ``tcp://127.0.0.1:0``.
     """
 
@@ -47,7 +47,7 @@ class InProcessWorker:
         self.endpoint = ""
         #: The process that runs it: this one.
         self.pid = os.getpid()
-        #: The exit status :meth:`~zqsync.worker.server.Worker.run` returned, once stopped.
+        #: The exit status `run` returned, once stopped.
         self.status: Optional[int] = None
         self._failure: Optional[BaseException] = None
         self._started, self._ended = _allocate_lock(), _allocate_lock()
@@ -111,7 +111,7 @@ class InProcessWorker:
 
     def join(self, finished: int, timeout: float = 30.0) -> dict[str, int]:
         """Block until ``finished`` plain or confirmed jobs have ended (succeeded, failed for good,
-        cancelled, or expired) since the worker started; returns its counters then. See :meth:`wait`."""
+        cancelled, or expired) since the worker started; returns its counters then. See `wait`."""
         return self.wait(lambda counters: ended(counters) >= finished, timeout)
 
     def _check(self) -> None:

@@ -3,22 +3,22 @@
 The worker's core (``server.py``: task slots, receive loops, the stop sequence, stats) never asks
 which mode it runs in; everything that differs lives here (huey's ``Environment`` classes):
 
-:class:`StandaloneIntake`
+`StandaloneIntake`
     binds the jobs (ROUTER) and rpc (ROUTER) sockets on PORT and PORT+1 (``binding.py``), runs the
     CURVE authenticator, counts TCP connections with socket monitors, remembers which clients sent
     jobs, and on a stop sends them the stopping notice, reads what they still send, and unbinds
     (``stopping.py``).
-:class:`SupervisedIntake`
+`SupervisedIntake`
     a prefork child (``supervisor.py``): connects a PULL and a ROUTER to its private ``ipc://``
     backends (rpc requests carry the router's routing id in front of the client's), offers work with
     credits (``dispatch.py``), answers its siblings on an admin socket and gathers the whole worker's
     stats over theirs (``fleet.py``); on a stop it reads its backend up to the router's end-of-jobs
     mark and writes how many jobs it read for the supervisor's count.
 
-Both are driven by the core in the same order: :meth:`Intake.open` once the core has made the two
-sockets; :meth:`Intake.start` when it serves; :meth:`Intake.read_job` in the jobs receiver;
-:meth:`Intake.took` when the work of a credit started; :meth:`Intake.stop_offering`,
-:meth:`Intake.stop_taking_jobs` and :meth:`Intake.close` on a stop.
+Both are driven by the core in the same order: `Intake.open` once the core has made the two
+sockets; `Intake.start` when it serves; `Intake.read_job` in the jobs receiver;
+`Intake.took` when the work of a credit started; `Intake.stop_offering`,
+`Intake.stop_taking_jobs` and `Intake.close` on a stop.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ class SupervisedIntake(Intake):
         self.greenlets += self._offering
 
     def _offer_work(self, kind: bytes, pool: Any) -> None:
-        """Keep up to :data:`~zqsync.worker.dispatch.CREDITS_MAX` ``kind`` credits (``dispatch.py``)
+        """Keep up to `CREDITS_MAX` ``kind`` credits (``dispatch.py``)
         outstanding, never more than ``pool`` has free slots.
 
         After work of its credits has started, it sends one message that both
@@ -292,7 +292,7 @@ class SupervisedIntake(Intake):
         gevent.killall(self._offering)
 
     def stop_taking_jobs(self, keep: Keep) -> str:
-        """Read the backend up to the router's :data:`END_OF_JOBS` (at most ``DRAIN_LIMIT`` seconds),
+        """Read the backend up to the router's `END_OF_JOBS` (at most ``DRAIN_LIMIT`` seconds),
         disconnect, and write how many jobs were read (the supervisor counts what it sent and this did not read)."""
         assert self._jobs is not None
 
@@ -337,7 +337,7 @@ def whole_worker_stats(context: zmq.Context, directory: str, report: Report) -> 
 def intake_for(settings: WorkerSettings, backend: Union[None, tuple[str, str], DirectBackend],
                ready_file: Optional[str]) -> Intake:
     """The intake of a worker: standalone without a ``backend``; a direct-mode child with a
-    :class:`~zqsync.worker.listeners.DirectBackend` (``direct.py``); else supervised, connecting to the
+    `DirectBackend` (``direct.py``); else supervised, connecting to the
     ``backend`` pair.
 
     :raises ConfigurationError: named queues under a supervisor.

@@ -21,12 +21,12 @@ do not outlive their process. A pending row whose owner's lock can be taken
 (or has no owner: requeued, or journaled by an older version) is an orphan,
 and a live worker that has the row's task claims it.
 
-Attempts are counted *before* a job runs (:meth:`SqliteJournal.write_all`, ``starts``),
+Attempts are counted *before* a job runs (`SqliteJournal.write_all`, ``starts``),
 with ``running`` set (1: alongside other jobs, 2: alone). A row left
 ``running`` by a dead owner is a suspect: the job may have killed its
 process. It is replayed after its backoff, alone; one that died running
 alone with ``attempts > retries`` is dead-lettered with the reason
-:data:`DIED`.
+`DIED`.
 
 States: ``pending`` (to run, possibly after ``next_at``: a delayed job is
 journaled already marked for replay, with ``next_at`` its due time), ``done``
@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from .._common import native_lock
 from ..errors import ConfigurationError
-from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, JournalBackend, NewJob, Outcome, Row, Start
+from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, Join, JournalBackend, NewJob, Outcome, Row, Start, joined
 
 __all__ = ["ALONE", "CANCELLED", "DIED", "SHARED", "Claim", "Journal", "JournalGone", "NewJob", "Outcome", "Row",
            "SqliteJournal", "Start", "journal_path", "recover"]
@@ -116,7 +116,7 @@ class SqliteJournal(JournalBackend):
     pool, from more than one thread at a time, so every use of the one
     connection is serialised by a lock (a transaction begun by one thread
     must never be committed by another). A connection owns no rows until
-    :meth:`register` (the ``zqsync jobs`` command never registers).
+    `register` (the ``zqsync jobs`` command never registers).
     """
 
     def __init__(self, state_dir: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0) -> None:
@@ -233,10 +233,10 @@ class SqliteJournal(JournalBackend):
     # -- writes ------------------------------------------------------------
 
     def probe(self) -> None:
-        """Whether the journal can be written again: :meth:`check_file`, and one row of this owner's
+        """Whether the journal can be written again: `check_file`, and one row of this owner's
         written to the ``probes`` table and committed (an empty transaction would succeed on a full disk).
 
-        :raises JournalGone, sqlite3.Error: as :meth:`write_all`.
+        :raises JournalGone, sqlite3.Error: as `write_all`.
         """
         def work(db: sqlite3.Connection) -> None:
             self.check_file()
@@ -247,13 +247,15 @@ class SqliteJournal(JournalBackend):
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """:meth:`JournalBackend.write_all`; before committing new jobs it checks the file is still the one opened.
+        """`JournalBackend.write_all`; before committing new jobs it checks the file is still the one opened.
 
         :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
         :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
         """
         now = time.time()
         new = [NewJob(*job) for job in jobs]
+        outcomes = list(outcomes)
+        joins = sorted({o.join.key: o.join for o in outcomes if o.join is not None}.items())
 
         def apply(db: sqlite3.Connection) -> tuple[list[Optional[str]], set[str]]:
             # Outcomes first: a retry's start may share the transaction with the outcome of the attempt before.
@@ -265,12 +267,23 @@ class SqliteJournal(JournalBackend):
             refused = {start.id for start in starts if not db.execute(
                 "UPDATE jobs SET attempts = attempts + 1, running = ?, next_at = ?, updated_at = ?, started_at = ?"
                 " WHERE id = ? AND state = 'pending'", (start.running, start.retry_at, now, now, start.id)).rowcount}
+            for _, join in joins:  # one writer at a time (BEGIN IMMEDIATE): the lock on its key
+                self._join(db, join, now)
             fresh = [self._insert(db, job, now) for job in new]
             if new:
                 self.check_file()
             return fresh, refused
 
         return self._transaction(apply)
+
+    @staticmethod
+    def _join(db: sqlite3.Connection, join: Join, now: float) -> None:
+        marks = ",".join("?" for _ in join.members)
+        job = joined(join, db.execute(f"SELECT id, state, result, error FROM jobs WHERE id IN ({marks})", join.members))
+        if job is not None:
+            db.execute("INSERT OR IGNORE INTO jobs (id, task, body, state, owner, retries, created_at, updated_at,"
+                       " next_at) VALUES (?, ?, ?, 'pending', NULL, ?, ?, ?, 0)",
+                       (job.id, job.task, job.body, job.retries, now, now))
 
     def _insert(self, db: sqlite3.Connection, job: NewJob, now: float) -> Optional[str]:
         started = job.retry_at > 0
@@ -288,8 +301,8 @@ class SqliteJournal(JournalBackend):
 
     def claim(self, tasks: Sequence[str]) -> Claim:
         """Take over the pending jobs of dead owners whose task is in ``tasks``; they are marked for
-        replay (:meth:`take_replays`). Suspects that died running alone with ``attempts > retries``
-        are dead-lettered (:data:`DIED`) instead. Needs :meth:`register` first."""
+        replay (`take_replays`). Suspects that died running alone with ``attempts > retries``
+        are dead-lettered (`DIED`) instead. Needs `register` first."""
         assert self.token is not None, "register() first"
         now = time.time()
         marks = ",".join("?" for _ in tasks) or "NULL"
@@ -387,16 +400,24 @@ class SqliteJournal(JournalBackend):
         with self._lock:
             return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())
 
-    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
-        """Make ``ids`` (or every dead job) pending again, unowned, attempts reset: a live worker with
-        the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
+    def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
+        """`JournalBackend.pending_split`."""
+        with self._lock:
+            return [(owner, bool(running), bool(later), int(count)) for owner, running, later, count in self._db.execute(
+                "SELECT owner, running > 0, next_at > ?, COUNT(*) FROM jobs WHERE state = 'pending' GROUP BY 1, 2, 3",
+                (now,)).fetchall()]
+
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
+        """`JournalBackend.requeue`."""
         now = time.time()
         reset = ("UPDATE jobs SET state = 'pending', attempts = 0, next_at = 0, error = NULL, running = 0,"
                  " owner = NULL, replay = 0, result = NULL, started_at = NULL, finished_at = NULL, updated_at = ?")
+        unchanged, since = ("", ()) if as_of is None else (" AND updated_at <= ?", (as_of,))
         if all_dead:
-            return self._transaction(lambda db: db.execute(f"{reset} WHERE state = 'dead'", (now,)).rowcount)
-        return self._transaction(lambda db: sum(
-            db.execute(f"{reset} WHERE id = ? AND state != 'pending'", (now, job_id)).rowcount for job_id in ids))
+            return self._transaction(lambda db: db.execute(f"{reset} WHERE state = 'dead'{unchanged}",
+                                                           (now, *since)).rowcount)
+        return self._transaction(lambda db: sum(db.execute(
+            f"{reset} WHERE id = ? AND state != 'pending'{unchanged}", (now, job_id, *since)).rowcount for job_id in ids))
 
     def purge(self, states: Iterable[str], older_than: float) -> int:
         """Delete rows in ``states`` (``done``/``dead``/``cancelled``) last updated more than ``older_than`` seconds ago;

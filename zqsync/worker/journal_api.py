@@ -12,17 +12,24 @@ The rules both keep (``tests/contract/test_journal_contract.py`` checks them on 
 * A job's ``id`` is unique in the journal: a second insert of it is refused and
   answered with the state of the row already there (a duplicate).
 * Rows belong to an **owner token**, one per worker process and boot
-  (:meth:`JournalBackend.register`); an owner is alive while its process holds
+  (`JournalBackend.register`); an owner is alive while its process holds
   it (an ``flock`` for SQLite, a renewed lease for PostgreSQL). A live worker
-  claims the pending rows of owners that are gone (:meth:`~JournalBackend.claim`),
-  for its own tasks, and replays them in bounded batches (:meth:`~JournalBackend.take_replays`).
-* Attempts are counted *before* a job runs (``starts``, ``running`` set: :data:`SHARED`
-  alongside other jobs, :data:`ALONE` alone). A claimed row that was running alone with
-  ``attempts > retries`` is dead-lettered with :data:`DIED` (the poison-job rule).
+  claims the pending rows of owners that are gone (`claim`),
+  for its own tasks, and replays them in bounded batches (`take_replays`).
+* Attempts are counted *before* a job runs (``starts``, ``running`` set: `SHARED`
+  alongside other jobs, `ALONE` alone). A claimed row that was running alone with
+  ``attempts > retries`` is dead-lettered with `DIED` (the poison-job rule).
 * States: ``pending`` (``next_at`` its due or retry time), ``done`` (with its ``result``),
   ``dead`` (the dead letters), ``cancelled`` (never started again, never overwritten by the
   outcome of an attempt already running), ``expired`` (not started by its expiry, recorded by the
   worker that would have started it: never started, claimed or replayed).
+* A `Join` (canvas: a chain's next step, a chord's callback) travels with the outcome of one of
+  its members. In the transaction that stores that outcome, under a lock on the join's key (SQLite:
+  its one writer; PostgreSQL: ``pg_advisory_xact_lock``), the members' rows are read; once all are
+  finished the successor is inserted, unowned (any live worker with its task claims it), and only
+  once: its id is the primary key, so two members finishing at the same instant, or an outcome
+  stored twice, cannot journal it twice, and a kill between "member done" and "successor journaled"
+  cannot separate them.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import abc
 import dataclasses
 import importlib.util
 import urllib.parse
-from typing import Any, Iterable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Sequence
 
 from ..errors import ConfigurationError
 
@@ -73,8 +80,8 @@ FIELDS = Row._fields
 class NewJob(NamedTuple):
     """A confirmed job to journal: ``due`` (epoch seconds) above 0 makes it a delayed job.
 
-    ``retry_at`` above 0 counts its first attempt in the insert itself, as a :class:`Start` would
-    (``running`` :data:`SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
+    ``retry_at`` above 0 counts its first attempt in the insert itself, as a `Start` would
+    (``running`` `SHARED`, ``retry_at`` its ``next_at``): the job starts as soon as it is
     committed, so it needs no transaction of its own to count that attempt. A row that already
     exists is left as it is.
     """
@@ -87,8 +94,40 @@ class NewJob(NamedTuple):
     retry_at: float = 0.0
 
 
+class Member(NamedTuple):
+    """A job a `Join` waits for, as its row stands (``result``: the encoded result of a ``done`` one)."""
+
+    id: str
+    state: str
+    result: Optional[bytes]
+    error: Optional[str]
+
+
+class Join(NamedTuple):
+    """A successor to journal once every job of ``members`` is finished (the module docstring).
+
+    ``make(members, in the order of `members`)`` builds it, or returns ``None`` when none is due (a
+    member failed and the canvas stops); it runs in the journal's transaction and must not raise.
+    ``key`` (the successor's id) serialises the joins of one successor across transactions.
+    """
+
+    key: str
+    members: tuple[str, ...]
+    make: Callable[[list[Member]], Optional[NewJob]]
+
+
+def joined(join: Join, found: Iterable[Sequence[Any]]) -> Optional[NewJob]:
+    """The successor of ``join`` if every member is finished (``found``: their ``(id, state, result, error)``
+    rows, any order), else ``None``."""
+    members = {row[0]: Member(*row) for row in found}
+    if len(members) < len(set(join.members)) or any(m.state not in FINISHED_STATES for m in members.values()):
+        return None
+    return join.make([members[job_id] for job_id in join.members])
+
+
 class Outcome(NamedTuple):
-    """What became of one attempt: the new ``state``, ``attempts``, ``next_at`` and ``error``."""
+    """What became of one attempt: the new ``state``, ``attempts``, ``next_at`` and ``error``; ``join``: the
+    canvas successor this job is a member of, evaluated in the same transaction."""
 
     id: str
     state: str
@@ -96,10 +135,15 @@ class Outcome(NamedTuple):
     next_at: float
     error: Optional[str]
     result: Optional[bytes] = None
+    join: Optional[Join] = None
+
+
+#: The columns an `Outcome` writes.
+OUTCOME_COLUMNS = Outcome._fields[:6]
 
 
 class Start(NamedTuple):
-    """An attempt about to start: counted first. ``running`` is :data:`SHARED` or :data:`ALONE`;
+    """An attempt about to start: counted first. ``running`` is `SHARED` or `ALONE`;
     ``retry_at`` is when to retry it should its process die meanwhile (epoch seconds)."""
 
     id: str
@@ -109,7 +153,7 @@ class Start(NamedTuple):
 
 @dataclasses.dataclass
 class Claim:
-    """What one :meth:`JournalBackend.claim` did: rows taken over, rows dead-lettered as :data:`DIED`
+    """What one `JournalBackend.claim` did: rows taken over, rows dead-lettered as `DIED`
     (their ids), and orphans left alone because their task is not ours (``{task: rows}``)."""
 
     claimed: int = 0
@@ -121,7 +165,7 @@ class JournalBackend(abc.ABC):
     """A connection to a journal. Every method blocks (a gevent worker calls them from native
     threads: its writer thread and its thread pool, more than one at a time) and raises the
     backend's database error (``sqlite3.Error``, ``psycopg.Error``) when the journal cannot be
-    read or written; nothing is committed then. A connection owns no rows until :meth:`register`
+    read or written; nothing is committed then. A connection owns no rows until `register`
     (``zqsync jobs`` never registers)."""
 
     #: This connection's owner token once registered, else ``None``.
@@ -131,7 +175,7 @@ class JournalBackend(abc.ABC):
 
     @abc.abstractmethod
     def register(self) -> str:
-        """Become a live owner with a new random token, held until :meth:`close` or the process's
+        """Become a live owner with a new random token, held until `close` or the process's
         death; returns the token. A process forked from this one does not inherit it."""
 
     @abc.abstractmethod
@@ -151,15 +195,16 @@ class JournalBackend(abc.ABC):
     @abc.abstractmethod
     def probe(self) -> None:
         """Whether the journal can be written again: one row of this owner's written and committed
-        (an empty transaction would succeed on a full disk). Raises as :meth:`write_all`."""
+        (an empty transaction would succeed on a full disk). Raises as `write_all`."""
 
     @abc.abstractmethod
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
         """In one transaction (group commit), in this order: store attempt ``outcomes`` (not over a
-        ``cancelled`` row), count the ``starts`` (attempts + 1, ``running`` and ``next_at`` set), and
-        journal new ``jobs`` (:class:`NewJob` fields), owned by this connection's token.
+        ``cancelled`` row), count the ``starts`` (attempts + 1, ``running`` and ``next_at`` set), journal
+        the successors of the outcomes' joins that are due (`joined`, unowned, keys locked in sorted
+        order), and journal new ``jobs`` (`NewJob` fields), owned by this connection's token.
 
         :returns: per job, ``None`` if it is new, else the state of the row already journaled under
             its id; and the ids of ``starts`` refused because their row is no longer pending
@@ -169,14 +214,14 @@ class JournalBackend(abc.ABC):
     def write(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> list[Optional[str]]:
-        """:meth:`write_all`, returning only the per-job answers."""
+        """`write_all`, returning only the per-job answers."""
         return self.write_all(jobs, outcomes, starts)[0]
 
     @abc.abstractmethod
     def claim(self, tasks: Sequence[str]) -> Claim:
         """Take over the pending rows of owners that are gone (or of none) whose task is in ``tasks``;
-        they are marked for replay (:meth:`take_replays`). Those that died running alone with
-        ``attempts > retries`` are dead-lettered (:data:`DIED`) instead. Needs :meth:`register`."""
+        they are marked for replay (`take_replays`). Those that died running alone with
+        ``attempts > retries`` are dead-lettered (`DIED`) instead. Needs `register`."""
 
     @abc.abstractmethod
     def take_replays(self, limit: int) -> list[Row]:
@@ -206,9 +251,16 @@ class JournalBackend(abc.ABC):
         can interrupt it): this returns ``False`` for it."""
 
     @abc.abstractmethod
-    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
+    def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
+        """The pending jobs counted by ``(owner, running, due after now, count)``, so that a status can
+        tell running (an attempt counted under a live owner), scheduled (due later) and pending apart."""
+
+    @abc.abstractmethod
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
         """Make ``ids`` (or every dead job) pending again, unowned, attempts reset: a live worker with
-        the task claims and runs them. Done jobs can be requeued too. Returns how many rows changed."""
+        the task claims and runs them. Done jobs can be requeued too. With ``as_of`` (epoch seconds),
+        only rows last changed at or before it: a requeue sent twice for one listing (read at ``as_of``)
+        requeues once, since the first one changed them. Returns how many rows changed."""
 
     @abc.abstractmethod
     def purge(self, states: Iterable[str], older_than: float) -> int:
@@ -263,7 +315,7 @@ def parse_journal_url(url: str, setting: str = "journal") -> JournalURL:
 
 def open_journal(url: str, *, synchronous: str = "NORMAL", busy_timeout: float = 30.0,
                  lease: float = 10.0) -> JournalBackend:
-    """Open the journal at ``url`` (:func:`parse_journal_url`), creating its schema if missing.
+    """Open the journal at ``url`` (`parse_journal_url`), creating its schema if missing.
 
     :param synchronous: SQLite's ``synchronous`` (ignored by PostgreSQL, whose server settings decide).
     :param busy_timeout: seconds a write waits for another's lock before it fails.

@@ -8,16 +8,16 @@ acknowledged (group commit: the worker's writer thread commits a batch in one
 transaction, and the acknowledgements are sent after ``COMMIT``); how durable
 that commit is, is the server's ``synchronous_commit`` (``docs/operations.md``).
 
-Ownership is a **lease**: :meth:`PostgresJournal.register` inserts the process's
+Ownership is a **lease**: `PostgresJournal.register` inserts the process's
 owner token into ``zqsync_owners`` with ``expires_at = now() + lease`` (the
 database's clock, so the workers' clocks never matter), and a native thread
 renews it every ``lease / 3`` seconds on a connection of its own. When a lease
 expires (the process, its host or its network is gone), the other workers'
-:meth:`~PostgresJournal.claim` takes that owner's pending and running rows
+`claim` takes that owner's pending and running rows
 with ``FOR UPDATE SKIP LOCKED`` (two workers claiming at once take disjoint
 rows) and replays them with the same rules as the SQLite journal. A stop
 expires the lease at once, so its pending rows are taken over without waiting.
-An expired owner is forgotten (:meth:`~PostgresJournal.sweep_owners`) once it
+An expired owner is forgotten (`sweep_owners`) once it
 owns no pending row.
 
 A broken connection (the server restarted or failed over) is replaced on the
@@ -40,7 +40,22 @@ import psycopg
 from gevent import monkey
 
 from .._common import native_lock
-from .journal_api import ALONE, CANCELLED, DIED, FIELDS, SHARED, Claim, JournalBackend, NewJob, Outcome, Row, Start
+from .journal_api import (
+    ALONE,
+    CANCELLED,
+    DIED,
+    FIELDS,
+    OUTCOME_COLUMNS,
+    SHARED,
+    Claim,
+    Join,
+    JournalBackend,
+    NewJob,
+    Outcome,
+    Row,
+    Start,
+    joined,
+)
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +188,7 @@ class PostgresJournal(JournalBackend):
 
     def register(self) -> str:
         """Become a live owner: a new random token with a lease, renewed by a native thread until
-        :meth:`close`. Returns the token. A forked child does not inherit it."""
+        `close`. Returns the token. A forked child does not inherit it."""
         token = f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(8)}"
         self._transaction(lambda db: db.execute(RENEW, (token, socket.gethostname(), os.getpid(), self.lease)))
         self.token = token
@@ -213,7 +228,7 @@ class PostgresJournal(JournalBackend):
             "SELECT 1 FROM zqsync_owners WHERE token = %s AND expires_at > now()", (token,)))
 
     def sweep_owners(self) -> int:
-        """Forget owners whose lease expired :data:`FORGET_AFTER` s ago and who own no pending row (and
+        """Forget owners whose lease expired `FORGET_AFTER` s ago and who own no pending row (and
         their probe rows); returns how many."""
         def sweep(db: psycopg.Connection) -> int:
             gone = db.execute(
@@ -229,7 +244,7 @@ class PostgresJournal(JournalBackend):
     # -- writes ------------------------------------------------------------
 
     def probe(self) -> None:
-        """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as :meth:`write_all`."""
+        """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as `write_all`."""
         self._transaction(lambda db: db.execute(
             "INSERT INTO zqsync_probes (owner, at) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE SET at = EXCLUDED.at",
             (self.token or "", time.time())))
@@ -237,17 +252,18 @@ class PostgresJournal(JournalBackend):
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """:meth:`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
+        """`JournalBackend.write_all` in one PostgreSQL transaction, one statement per kind of item.
 
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
         now = time.time()
         new, done, begun = [NewJob(*job) for job in jobs], list({o.id: o for o in outcomes}.values()), list(starts)
+        joins = sorted({o.join.key: o.join for o in done if o.join is not None}.items())
 
         def apply(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
             with db.cursor() as starting, db.cursor() as inserting:
                 if done:  # one statement, so the last outcome of an id wins
-                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in Outcome._fields)))
+                    db.execute(OUTCOMES, (now, now, *([getattr(o, name) for o in done] for name in OUTCOME_COLUMNS)))
                 if begun:
                     starting.execute(STARTS, (now, now, [s.id for s in begun], [s.running for s in begun],
                                               [s.retry_at for s in begun]))
@@ -259,14 +275,28 @@ class PostgresJournal(JournalBackend):
                         [job.retry_at if go else job.due for job, go in zip(new, started)],
                         [int(job.due > 0) for job in new], [int(go) for go in started],
                         [SHARED if go else 0 for go in started], [now if go else None for go in started]))
+                for _, join in joins:
+                    self._join(db, join, now)
                 refused = {s.id for s in begun} - {row[0] for row in starting.fetchall()} if begun else set()
                 return (self._answers(inserting, new) if new else []), refused
 
         return self._transaction(apply)
 
     @staticmethod
+    def _join(db: psycopg.Connection, join: Join, now: float) -> None:
+        """Under a lock on the join's key (held to the commit; a member finishing at the same instant in
+        another transaction waits, then reads this one's outcome): journal its successor if it is due."""
+        db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (join.key,))
+        job = joined(join, db.execute("SELECT id, state, result, error FROM zqsync_jobs WHERE id = ANY(%s)",
+                                      (list(join.members),)).fetchall())
+        if job is not None:
+            db.execute("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, created_at, updated_at, next_at)"
+                       " VALUES (%s, %s, %s, 'pending', NULL, %s, %s, %s, 0) ON CONFLICT (id) DO NOTHING",
+                       (job.id, job.task, job.body, job.retries, now, now))
+
+    @staticmethod
     def _answers(inserting: psycopg.Cursor, new: list[NewJob]) -> list[Optional[str]]:
-        """Per new job, ``None`` if ``inserting`` (the :data:`INSERT`) inserted it, else its row's state."""
+        """Per new job, ``None`` if ``inserting`` (the `INSERT`) inserted it, else its row's state."""
         inserted = {row[0] for row in inserting.fetchall()}
         answers: list[Optional[str]] = []
         for job in new:
@@ -280,7 +310,7 @@ class PostgresJournal(JournalBackend):
         return [None if job_id is None else str(states[job_id]) for job_id in answers]
 
     def claim(self, tasks: Sequence[str]) -> Claim:
-        """:meth:`JournalBackend.claim`: the pending rows of expired leases (or of no owner), taken with
+        """`JournalBackend.claim`: the pending rows of expired leases (or of no owner), taken with
         ``FOR UPDATE SKIP LOCKED`` so that workers claiming at once take disjoint rows."""
         assert self.token is not None, "register() first"
 
@@ -293,7 +323,7 @@ class PostgresJournal(JournalBackend):
         return self._transaction(claim)  # type: ignore[no-any-return]
 
     def take_replays(self, limit: int) -> list[Row]:
-        """:meth:`JournalBackend.take_replays`."""
+        """`JournalBackend.take_replays`."""
         rows = [Row(*row) for row in self._read(REPLAYS, (self.token, time.time(), limit))]
         return sorted(rows, key=lambda row: (row.running > 0, row.next_at, row.created_at))
 
@@ -301,14 +331,14 @@ class PostgresJournal(JournalBackend):
 
     def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
              limit: int = 1000, offset: int = 0) -> list[Row]:
-        """:meth:`JournalBackend.rows`."""
+        """`JournalBackend.rows`."""
         column = "id" if ids else "state"
         return [Row(*row) for row in self._read(
             f"{SELECT} WHERE {column} = ANY(%s) ORDER BY created_at, id LIMIT %s OFFSET %s",
             (list(ids) or list(states), limit, offset))]
 
     def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
-        """:meth:`JournalBackend.iter_rows`."""
+        """`JournalBackend.iter_rows`."""
         wanted = list(states)
         after: tuple[float, str] = (-1.0, "")
         while True:
@@ -321,12 +351,12 @@ class PostgresJournal(JournalBackend):
             after = (rows[-1].created_at, rows[-1].id)
 
     def counts(self) -> dict[str, int]:
-        """:meth:`JournalBackend.counts`."""
+        """`JournalBackend.counts`."""
         return {str(state): int(count) for state, count in self._read(
             "SELECT state, count(*) FROM zqsync_jobs GROUP BY state", ())}
 
     def cancel(self, job_id: str) -> bool:
-        """:meth:`JournalBackend.cancel` (a job running under an unexpired lease is left alone)."""
+        """`JournalBackend.cancel` (a job running under an unexpired lease is left alone)."""
         now = time.time()
 
         def cancel(db: psycopg.Connection) -> bool:
@@ -341,16 +371,24 @@ class PostgresJournal(JournalBackend):
 
         return bool(self._transaction(cancel))
 
-    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False) -> int:
-        """:meth:`JournalBackend.requeue`."""
+    def pending_split(self, now: float) -> list[tuple[Optional[str], bool, bool, int]]:
+        """`JournalBackend.pending_split`."""
+        return [(owner, bool(running), bool(later), int(count)) for owner, running, later, count in self._read(
+            "SELECT owner, running > 0, next_at > %s, count(*) FROM zqsync_jobs WHERE state = 'pending' GROUP BY 1, 2, 3",
+            (now,))]
+
+    def requeue(self, ids: Sequence[str] = (), *, all_dead: bool = False, as_of: Optional[float] = None) -> int:
+        """`JournalBackend.requeue`."""
         now = time.time()
+        unchanged, since = ("", ()) if as_of is None else (" AND updated_at <= %s", (as_of,))
         if all_dead:
-            return int(self._transaction(lambda db: db.execute(f"{REQUEUE} WHERE state = 'dead'", (now,)).rowcount))
+            return int(self._transaction(lambda db: db.execute(
+                f"{REQUEUE} WHERE state = 'dead'{unchanged}", (now, *since)).rowcount))
         return int(self._transaction(lambda db: db.execute(
-            f"{REQUEUE} WHERE id = ANY(%s) AND state <> 'pending'", (now, sorted(set(ids)))).rowcount))
+            f"{REQUEUE} WHERE id = ANY(%s) AND state <> 'pending'{unchanged}", (now, sorted(set(ids)), *since)).rowcount))
 
     def purge(self, states: Iterable[str], older_than: float) -> int:
-        """:meth:`JournalBackend.purge`."""
+        """`JournalBackend.purge`."""
         wanted = [state for state in states if state != "pending"]
         return int(self._transaction(lambda db: db.execute(
             "DELETE FROM zqsync_jobs WHERE state = ANY(%s) AND updated_at < %s",

@@ -6,7 +6,7 @@ batch (a task queue, a semaphore and an ``async`` wake-up, about 28 us wall on
 a small machine). Here the writer loop itself runs in a dedicated native
 thread, so a batch costs no hop: the thread blocks on a native queue, commits
 with plain ``sqlite3`` (which releases the GIL while it waits on the disk) and
-hands its answers back with :meth:`WriterThread.post`, which queues a callable
+hands its answers back with `WriterThread.post`, which queues a callable
 and wakes the hub once through a gevent ``async`` watcher, the one gevent
 object documented as safe to signal from another thread. The hub runs every
 posted callable in order, so greenlet-side state (``AsyncResult``, counters,
@@ -33,7 +33,7 @@ _start_thread = monkey.get_original("_thread", "start_new_thread")
 _SimpleQueue = monkey.get_original("queue", "SimpleQueue")
 _sleep = monkey.get_original("time", "sleep")
 
-#: Seconds an item queued with :meth:`WriterThread.defer` waits for other work before the thread is woken
+#: Seconds an item queued with `WriterThread.defer` waits for other work before the thread is woken
 #: for it (at most about twice this: a timer looks every ``LINGER`` seconds).
 LINGER = 0.002
 #: Wakes the thread for deferred items; never part of a batch.
@@ -41,10 +41,10 @@ _FLUSH = object()
 
 
 class WriterThread:
-    """Runs ``loop(writer)`` in a native thread; the loop takes work with :meth:`next_batch`.
+    """Runs ``loop(writer)`` in a native thread; the loop takes work with `next_batch`.
 
     :param loop: the body of the thread; it returns when the writer is to end.
-    :param linger: seconds an item queued with :meth:`defer` may wait for other work to go with.
+    :param linger: seconds an item queued with `defer` may wait for other work to go with.
     """
 
     def __init__(self, loop: Callable[["WriterThread"], None], linger: float = LINGER) -> None:

@@ -35,7 +35,7 @@ FREE_PORTS = (20000, 60000)
 
 @dataclasses.dataclass(frozen=True)
 class DirectBackend:
-    """What one direct-mode child binds (made by :class:`Listeners`, passed to the forked child).
+    """What one direct-mode child binds (made by `Listeners`, passed to the forked child).
 
     :param host: ``tcp://HOST`` of the worker's ``--bind``.
     :param port: the public base port (jobs; rpc on ``port + 1``).
@@ -156,7 +156,7 @@ def _open_run(host: str, port: int, count: int) -> list[socket.socket]:
 
 
 def _listen_run(host: str, port: int, count: int) -> list[socket.socket]:
-    """:func:`_open_run`, with an operator's mistake as a one-line error. :raises ConfigurationError: as it says."""
+    """`_open_run`, with an operator's mistake as a one-line error. :raises ConfigurationError: as it says."""
     hints = {errno.EADDRINUSE: "another process listens there: stop it, or choose another port",
              errno.EADDRNOTAVAIL: "that is not an address of this machine"}
     try:
@@ -170,7 +170,7 @@ def _listen_run(host: str, port: int, count: int) -> list[socket.socket]:
 
 
 def _free_run(host: str, count: int) -> list[socket.socket]:
-    """Listen on a free run of ``count`` ports. :raises ConfigurationError: none found, or as :func:`_listen_run`."""
+    """Listen on a free run of ``count`` ports. :raises ConfigurationError: none found, or as `_listen_run`."""
     low, high = FREE_PORTS
     for _ in range(FREE_RUN_TRIES):
         port = random.randrange(low, high - count)

@@ -23,7 +23,7 @@ from .runner import ErrorInfo, Runner
 
 
 class Pacing:
-    """The pacing half of :class:`~zqsync.worker.scheduler.JobScheduler` (a mixin: it sets these)."""
+    """The pacing half of `JobScheduler` (a mixin: it sets these)."""
 
     runner: Runner
     limits: RateLimits

@@ -44,10 +44,10 @@ class JobQueue:
 
     def bind(self, context: zmq.Context, *, hwm: int, max_message_size: int,
              curve_secret_key: Optional[str], keepalive: tuple[float, float]) -> zmq.Socket:
-        """Bind the queue's jobs (ROUTER) socket (its address is then :attr:`endpoint`), set up for
+        """Bind the queue's jobs (ROUTER) socket (its address is then `endpoint`), set up for
         clients with TCP keepalive ``(idle, interval)`` seconds (``binding.serve_clients``); returns it.
 
-        :raises ConfigurationError: the address is taken or not this machine's (:func:`.binding.bind`)."""
+        :raises ConfigurationError: the address is taken or not this machine's (`.binding.bind`)."""
         host, port = parse_endpoint(self.spec.endpoint, allow_zero=True)
         sock = self.sock = context.socket(zmq.ROUTER)
         serve_clients(sock, keepalive)
@@ -84,8 +84,11 @@ class JobQueue:
             self.pool.spawn(run, frame)
 
     def stats(self) -> dict[str, object]:
-        """``endpoint``, ``concurrency`` and ``running`` (tasks in its pool)."""
-        return {"endpoint": self.endpoint, "concurrency": self.concurrency, "running": len(self.pool)}
+        """``endpoint``, ``concurrency``, ``running`` (tasks in its pool) and ``waiting``: whether a job
+        waits on its socket (how many, ZeroMQ does not say). Reads ``ZMQ_EVENTS`` as `waiting`."""
+        waiting = self.sock is not None and bool(int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN)
+        return {"endpoint": self.endpoint, "concurrency": self.concurrency, "running": len(self.pool),
+                "waiting": waiting}
 
 
 def yield_to_higher(higher: list[JobQueue]) -> None:

@@ -1,6 +1,6 @@
 """Rate limits: how often one worker process starts the jobs of a task (``@registry.task(rate_limit="20/s")``).
 
-Each limited task has a token bucket per worker process (:class:`TokenBucket`) holding at most one
+Each limited task has a token bucket per worker process (`TokenBucket`) holding at most one
 token (the burst): a job starts at once if a token is there, else it takes the next token to come
 and waits for it, so the jobs of a task start at most one every ``1 / rate`` seconds, and an idle
 task saves up no more than one start. The bucket hands out reservations rather than answering

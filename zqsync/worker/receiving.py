@@ -8,12 +8,12 @@ finds every slot taken waits for one in a greenlet of its own, as below.
 
 The worker's own ``zqsync.*`` calls (ping, stats) never wait for a task
 slot: they run in a greenlet of their own as soon as they are read. Calls
-that wait for a slot wait in greenlets too (at most :data:`WAITING_CALLS`),
+that wait for a slot wait in greenlets too (at most `WAITING_CALLS`),
 so the rpc socket keeps being read, and a ping answers while the pool is full.
-Confirmed jobs past :data:`~zqsync.worker.admission.ADMISSIONS` in flight are held unacknowledged
+Confirmed jobs past `ADMISSIONS` in flight are held unacknowledged
 (``admission.py``), so a full confirm backlog does not stop the reading either.
 
-A mixin of :class:`~zqsync.worker.server.Worker`, which holds the state; the intake
+A mixin of `Worker`, which holds the state; the intake
 (``intake.py``) reads the jobs and counts the credits, so nothing here depends on the mode.
 """
 
@@ -38,7 +38,7 @@ MAX_IDENTITIES = 10_000
 
 
 class Receiving(Core):
-    """The receive loops of :class:`~zqsync.worker.server.Worker`."""
+    """The receive loops of `Worker`."""
 
     def _receive_jobs(self) -> None:
         """Read jobs while a slot is free (C-level, draining before waiting: ``inline.py``), each run
@@ -106,7 +106,7 @@ class Receiving(Core):
     def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
         """Start or answer one rpc message. Returns the kind of credit it used (``dispatch.py``; a standalone
         intake ignores it) if its start is already under way, ``None`` if none (the worker's own calls) or
-        if :meth:`_start_call` or a hand-off reports the start itself."""
+        if `_start_call` or a hand-off reports the start itself."""
         kind = SLOT if isinstance(decoded, bytes) else kind_of(decoded[0].kind, decoded[0].task)
         if isinstance(decoded, bytes):
             self._reply(envelope, decoded)
@@ -127,7 +127,7 @@ class Receiving(Core):
 
     def _admit(self, envelope: list[bytes], request: Any, task: Any) -> None:
         """Journal a confirmed job now if an admission place is free and none is held before it; else hold
-        it, unacknowledged, for :meth:`_admit_held` (``admission.py``), so the rpc socket keeps being read.
+        it, unacknowledged, for `_admit_held` (``admission.py``), so the rpc socket keeps being read.
         Past the hold's bound it is left unacknowledged: its client sends it again."""
         if not self._held and self._admissions.free_count():
             self._journal(envelope, request, task)

@@ -33,7 +33,7 @@ class Task(NamedTuple):
         the delay is uniform in ``[delay * (1 - jitter), delay]``.
     :ivar store_result: keep the status and result of its plain jobs in the worker's memory
         (``client.job``/``client.result``); confirmed jobs keep theirs in the journal anyway.
-    :ivar soft_time_limit: seconds after which :class:`~zqsync.errors.SoftTimeLimitExceeded` is
+    :ivar soft_time_limit: seconds after which `SoftTimeLimitExceeded` is
         raised into the task (``None``: none); below ``time_limit``, which still applies.
     :ivar rate_limit: jobs of this task started per second by one worker process (``ratelimit.py``),
         or ``None`` for no limit.
@@ -65,7 +65,7 @@ class Task(NamedTuple):
         :param attempts: attempts made so far (>= 1).
         :param error: the exception the last attempt raised; with ``retry_on``
             set, a failure of another type is not retried.
-        :returns: :meth:`backoff_for` ``(attempts)`` less up to ``jitter`` of it, or ``None``.
+        :returns: `backoff_for` ``(attempts)`` less up to ``jitter`` of it, or ``None``.
         """
         if attempts > self.retries or not self.retries_on(error):
             return None
@@ -77,7 +77,7 @@ class Task(NamedTuple):
 
 
 class TaskContext(NamedTuple):
-    """What a :class:`Middleware` hook learns about the task it runs around.
+    """What a `Middleware` hook learns about the task it runs around.
 
     :ivar task: the task name.
     :ivar job_id: the job's or call's id.
@@ -98,7 +98,7 @@ class TaskContext(NamedTuple):
 class Middleware:
     """Hooks around every task a worker runs; subclass it and override the hooks you need.
 
-    Register an instance with :meth:`Registry.add_middleware`. Hooks run in
+    Register an instance with `Registry.add_middleware`. Hooks run in
     the task's own greenlet, in registration order (``after_task`` in reverse
     order), outside the task's time limit, and may block it. A hook that
     raises is logged and counted (``hook_errors``) and never changes the
@@ -113,7 +113,7 @@ class Middleware:
 
     def on_failure(self, context: TaskContext, error: BaseException) -> None:
         """After an attempt that raised ``error`` (its time limit included:
-        :class:`~zqsync.errors.TimeLimitExceeded`); called before ``after_task``."""
+        `TimeLimitExceeded`); called before ``after_task``."""
 
     def on_retry(self, context: TaskContext, error: BaseException, delay: float) -> None:
         """A failed job will run again in ``delay`` seconds (never for calls)."""
@@ -141,12 +141,12 @@ class Registry:
 
     Then ``zqsync worker mymodule:registry --bind tcp://127.0.0.1:5555``.
 
-    :param middleware: :class:`Middleware` instances, as if passed to :meth:`add_middleware` in order.
+    :param middleware: `Middleware` instances, as if passed to `add_middleware` in order.
     """
 
     def __init__(self, middleware: tuple[Middleware, ...] = ()) -> None:
         self._tasks: dict[str, Task] = {}
-        #: ``{task name: schedule}`` of the tasks ``zqsync beat`` enqueues (:meth:`periodic`).
+        #: ``{task name: schedule}`` of the tasks ``zqsync beat`` enqueues (`periodic`).
         self.periodic_jobs: dict[str, Periodic] = {}
         self.middleware: list[Middleware] = []
         for each in middleware:
@@ -155,7 +155,7 @@ class Registry:
     def add_middleware(self, middleware: Middleware) -> None:
         """Run ``middleware``'s hooks around every task, after those added before it.
 
-        :raises ConfigurationError: ``middleware`` is not a :class:`Middleware`.
+        :raises ConfigurationError: ``middleware`` is not a `Middleware`.
         """
         if not isinstance(middleware, Middleware):
             raise ConfigurationError(
@@ -212,13 +212,13 @@ class Registry:
             that jobs failing together do not retry together.
         :param store_result: keep the status and result of its plain (not confirmed) jobs in the
             worker's memory, bounded, for ``keep_done`` seconds (``client.job``, ``client.result``).
-        :param soft_time_limit: seconds after which :class:`~zqsync.errors.SoftTimeLimitExceeded` is raised
+        :param soft_time_limit: seconds after which `SoftTimeLimitExceeded` is raised
             into the task, also where it does not yield (the watchdog); the task may catch it and clean up
             until ``time_limit``, which still applies. ``None``: none.
         :param rate_limit: ``"N/s"``, ``"N/m"`` or ``"N/h"``: at most ``N`` jobs of this task start per
             second, minute or hour in each worker process; the others wait for their turn without holding
             a task slot (``zqsync/worker/ratelimit.py``). Calls are not limited. ``None``: no limit.
-        :returns: a :class:`~zqsync.worker.handles.TaskHandle`: still callable as ``fn`` (it runs
+        :returns: a `TaskHandle`: still callable as ``fn`` (it runs
             here), with ``enqueue``, ``call``, their ``_with_options`` forms and ``using(client)``.
         :raises ConfigurationError: the name is taken, reserved, or too long,
             ``time_limit`` is not a positive number, retries/backoff/max_delay
@@ -236,7 +236,7 @@ class Registry:
         return register(fn) if fn is not None else register
 
     def add(self, fn: Callable[..., Any], *, name: Optional[str] = None, **options: Any) -> Task:
-        """Register ``fn`` without decorator syntax; see :meth:`task` for the options."""
+        """Register ``fn`` without decorator syntax; see `task` for the options."""
         if not callable(fn):
             raise ConfigurationError(f"a task must be callable, got {fn!r}", setting="fn")
         task_name = name or getattr(fn, "__name__", "")
@@ -275,8 +275,8 @@ class Registry:
             ran are never run; ``"latest"``: the most recent of them runs once.
         :param args: the job's positional arguments (msgpack-encodable).
         :param kwargs: the job's keyword arguments.
-        :param name: the task name; ``options`` are :meth:`task`'s.
-        :raises ConfigurationError: as :meth:`task`, or the schedule is invalid
+        :param name: the task name; ``options`` are `task`'s.
+        :raises ConfigurationError: as `task`, or the schedule is invalid
             (neither or both of ``every`` and ``cron``, a bad expression, an unknown ``catch_up``).
         """
 

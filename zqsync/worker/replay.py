@@ -2,7 +2,7 @@
 
 The replay loop claims the pending jobs of dead owners (whose task this worker has) every
 ``replay_interval`` seconds, then streams the due ones from the journal in batches of
-:data:`REPLAY_BATCH`, through the same bounded backlog as new jobs (``scheduler.py``): memory stays
+`REPLAY_BATCH`, through the same bounded backlog as new jobs (``scheduler.py``): memory stays
 flat however many are pending. A row that cannot be decoded, or names a task this worker does not
 have, is dead-lettered. Finished rows are pruned after ``keep_done`` (``keep_dead`` when dead).
 """
@@ -31,7 +31,7 @@ REPLAY_BATCH = 500
 
 
 class JournalReplay:
-    """The replay half of :class:`~zqsync.worker.scheduler.JobScheduler` (a mixin: it sets these)."""
+    """The replay half of `JobScheduler` (a mixin: it sets these)."""
 
     runner: Runner
     journal: Optional[JournalBackend]

@@ -6,7 +6,7 @@ formatted traceback) for a call, and a log line for a job. ``time_limit`` is
 enforced with a ``gevent.Timeout`` that only this module raises and swallows
 (any other timeout propagates) and, for tasks that never yield, by the
 watchdog's soft-limit signal (``watchdog.py``). ``soft_time_limit`` is a second
-``gevent.Timeout`` that raises :class:`~zqsync.errors.SoftTimeLimitExceeded` into the
+``gevent.Timeout`` that raises `SoftTimeLimitExceeded` into the
 task where it yields, handed to the watchdog too, which raises it where the task does
 not yield (whichever comes first; never both): the task may catch it and clean up.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 import gevent
 
@@ -25,7 +25,7 @@ from ..logs import RateLimitedLog
 from ..wire import envelope
 from .durations import Durations
 from .registry import Registry, Task, TaskContext
-from .watchdog import SoftTimeLimit, Watchdog
+from .watchdog import SoftTimeLimit
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,18 @@ ErrorInfo = tuple[str, str, str]
 _NOTHING = object()
 
 
+class TaskLimits(Protocol):
+    """Time limits for tasks that do not yield: a worker's ``Watchdog`` (``watchdog.py``), or eager
+    mode's ``ThreadLimits`` (``thread_limits.py``)."""
+
+    def enter(self, name: str, time_limit: Optional[float], notice: Optional[gevent.Timeout] = None,
+              fn: Any = None) -> None:
+        """Task ``name`` (function ``fn``) starts in the current greenlet."""
+
+    def leave(self) -> None:
+        """The task that entered last has returned or raised."""
+
+
 class Runner:
     """Executes requests against a registry and counts what happens.
 
@@ -66,8 +78,8 @@ class Runner:
     :param confirm: handles ``confirm`` requests: ``confirm(request, task, answer)``
         returns at once and calls ``answer(reply frame)`` then or later, in the hub. ``None``: the worker has no journal, and
         confirmed jobs get an error reply saying how to enable them.
-    :param watchdog: enforces time limits on tasks that do not yield
-        (``watchdog.py``); ``None``: only ``gevent.Timeout``, which needs a yield.
+    :param watchdog: enforces time limits on tasks that do not yield (`TaskLimits`);
+        ``None``: only ``gevent.Timeout``, which needs a yield.
     :param remote_tracebacks: put a failed task's formatted traceback in its error reply;
         ``False``: type and message only (the traceback is then logged here, at INFO).
     """
@@ -78,7 +90,7 @@ class Runner:
         *,
         builtins: Optional[dict[str, Callable[..., Any]]] = None,
         confirm: Optional[Callable[[envelope.Request, Task, Callable[[bytes], None]], None]] = None,
-        watchdog: Optional[Watchdog] = None,
+        watchdog: Optional[TaskLimits] = None,
         remote_tracebacks: bool = True,
     ) -> None:
         self.registry = registry
@@ -205,7 +217,7 @@ class Runner:
 
         Calls the middleware's ``on_retry`` or ``on_dead_letter`` after a failure.
 
-        :returns: ``(ok, value, delay)``: ``value`` as from :meth:`run`;
+        :returns: ``(ok, value, delay)``: ``value`` as from `run`;
             ``delay`` is the seconds before the next attempt, or ``None``
             when there is none (success, retries exhausted, or a failure that
             ``retry_on`` does not cover).
@@ -250,7 +262,7 @@ class Runner:
         timer = gevent.Timeout._start_new_or_dummy(task.time_limit)
         notice = _soft_notice(task)
         if self.watchdog is not None:
-            self.watchdog.enter(task.name, task.time_limit, notice)
+            self.watchdog.enter(task.name, task.time_limit, notice, task.fn)
         started = time.perf_counter()
         result: Any = _NOTHING
         try:
@@ -312,7 +324,7 @@ def unsendable(task: Task, exc: ProtocolError) -> ErrorInfo:
 
 def _reply(request_id: str, task: Task, ok: bool, value: Any) -> tuple[bytes, bool]:
     """A call's reply frame, and whether it is a success: a result that cannot be sent back is a
-    ``TypeError`` reply (:func:`unsendable`)."""
+    ``TypeError`` reply (`unsendable`)."""
     if ok:
         try:
             return envelope.encode_result(request_id, value), True

@@ -28,10 +28,10 @@
   timer, holding no task slot, then queues to run. A plain job waits so only while it finds a
   backlog place (``max_backlog``, shared with confirmed jobs), else in its slot: the worker then
   reads no more jobs, as when its slots are busy. A job past its expiry is not started.
-* Each attempt tells the :class:`~zqsync.worker.status.JobBook` when it starts
+* Each attempt tells the `JobBook` when it starts
   and how it ends (status, results, long-polls, cancel). A cancelled journaled
   job's start is refused by the journal; a cancelled running one ends in
-  :class:`~zqsync.worker.status.Cancelled`, recorded ``cancelled``.
+  `Cancelled`, recorded ``cancelled``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import gevent.queue
 from .. import settings
 from ..errors import ProtocolError
 from ..wire import envelope
+from .canvas import join_for
 from .confirming import Confirming
 from .group_commit import GroupCommit
 from .inline import run_inline
@@ -70,7 +71,7 @@ def build_scheduler(
 ) -> "JobScheduler":
     """A scheduler with the journal at ``journal_url`` (``journal_api.open_journal``; opened and
     registered as a live owner), or without one if ``journal_url`` is ``None``. ``options`` go to
-    :class:`JobScheduler`.
+    `JobScheduler`.
 
     :raises ConfigurationError: a bad URL. :raises sqlite3.Error, psycopg.Error, OSError: the journal cannot be opened.
     """
@@ -91,7 +92,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
     :param keep_dead: seconds ``dead`` rows stay in the journal (the dead letters).
     :param replay_interval: seconds between claims and replays of dead owners' pending jobs.
     :param max_backlog: accepted or replayed confirmed jobs waiting for a slot; past it, the
-        acknowledgements of newly journaled jobs wait (:meth:`admit`), and replay does.
+        acknowledgements of newly journaled jobs wait (`admit`), and replay does.
     """
 
     def __init__(
@@ -148,8 +149,15 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
         if dispatcher and dispatcher[0] not in self.slots:  # waiting (one running a job inline ends with it)
             gevent.killall(dispatcher)
 
+    def depth(self) -> dict[str, int]:
+        """Jobs this process holds and has not started: ``queued`` (ready, waiting for a slot, or journaled
+        and waiting for a backlog place) and ``delayed`` (waiting out a retry's backoff or a rate limit's
+        turn). Plain jobs not read yet wait in the jobs socket's queue, which ZeroMQ does not count."""
+        return {"queued": self._ready.qsize() + (self._holding is not None) + len(self._parked),
+                "delayed": len(self._timers)}
+
     def discard_plain_pending(self) -> int:
-        """Before :meth:`pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
+        """Before `pause` on stop: count and log the plain jobs waiting for a retry, a turn or a slot.
 
         They are kept only in memory, so they are lost with the process; confirmed
         ones stay pending in the journal. Returns how many there are.
@@ -262,7 +270,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
         if job.durable and not job.counted and not self._count_start(job, attempts):
             return
         keep = not job.durable and (job.task.store_result or bool(job.request.options.get("store")))
-        self.book.started(job_id, job.task.name, attempts, keep=keep)
+        self.book.started(job_id, job.task.name, attempts, keep=keep, request=job.request, confirmed=job.durable)
         try:
             ok, value, delay = self.runner.run_job(job.task, job.request, attempts)
         except Cancelled:
@@ -340,6 +348,8 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
                 error: Optional[ErrorInfo] = None) -> None:
         """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
         if job.durable and self._commits is not None:  # with the next group commit, or LINGER s from now
+            if outcome.state != "pending":  # finished: a chain's or chord's successor may be due (canvas.py)
+                outcome = outcome._replace(join=join_for(job.request, self.runner.registry))
             self._commits.defer("record", outcome)
         self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 

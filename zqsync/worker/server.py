@@ -9,9 +9,9 @@ binds both sockets; as a child of a prefork supervisor (``supervisor.py``) it co
 private backends and asks for work with credits (``dispatch.py``). The receive loops
 (``receiving.py``) and the stop sequence (``shutdown.py``) do not know which.
 
-Signals (gunicorn's arbiter model): :meth:`Worker.serve` installs handlers that only record the
-signal; the main greenlet acts on it (``shutdown.py``). :meth:`Worker.run` serves without them, in
-any thread with a hub of its own, until :meth:`Worker.stop` (``zqsync.testing``'s in-process worker).
+Signals (gunicorn's arbiter model): `Worker.serve` installs handlers that only record the
+signal; the main greenlet acts on it (``shutdown.py``). `Worker.run` serves without them, in
+any thread with a hub of its own, until `Worker.stop` (``zqsync.testing``'s in-process worker).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Worker(Receiving, Shutdown):
     """A zqsync worker serving one registry.
 
     :param registry: the tasks to run.
-    :param settings: a :class:`~zqsync.settings.WorkerSettings` (bind endpoint,
+    :param settings: a `WorkerSettings` (bind endpoint,
         concurrency, graceful timeout, HWM, journal, CURVE, ...); default: its defaults.
     :param ready_file: a path where the bound base endpoint is written once
         the worker is listening (for supervisors and tests).
@@ -59,10 +59,10 @@ class Worker(Receiving, Shutdown):
         stopping it. Checked every second.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
         binding (set by the prefork supervisor): the worker's intake is then a
-        :class:`~zqsync.worker.intake.SupervisedIntake`; a
-        :class:`~zqsync.worker.listeners.DirectBackend` (a direct-mode supervisor's child): a
-        :class:`~zqsync.worker.direct.DirectIntake`; else a :class:`~zqsync.worker.intake.StandaloneIntake`.
-    :param overrides: :class:`~zqsync.settings.WorkerSettings` fields that
+        `SupervisedIntake`; a
+        `DirectBackend` (a direct-mode supervisor's child): a
+        `DirectIntake`; else a `StandaloneIntake`.
+    :param overrides: `WorkerSettings` fields that
         replace those of ``settings`` (``Worker(registry, concurrency=4)``).
     :raises ConfigurationError: an unknown or invalid setting, naming it.
 
@@ -123,7 +123,7 @@ class Worker(Receiving, Shutdown):
 
     def serve(self) -> int:
         """Bind (if not yet bound), serve until a stop signal, shut down; returns the exit status:
-        0, or :data:`~zqsync.worker.watchdog.KILLED_EXIT` if the stop killed tasks.
+        0, or `KILLED_EXIT` if the stop killed tasks.
 
         Blocks the calling greenlet. Installs SIGTERM, SIGINT and SIGQUIT handlers (Python-level,
         in the main thread: call it there), and starts the watchdog (``watchdog.py``).
@@ -134,8 +134,8 @@ class Worker(Receiving, Shutdown):
         return self.run()
 
     def run(self) -> int:
-        """Bind (if not yet bound), serve until :meth:`stop` (or a stop signal :meth:`serve` handles),
-        shut down; returns the exit status as :meth:`serve` does.
+        """Bind (if not yet bound), serve until `stop` (or a stop signal `serve` handles),
+        shut down; returns the exit status as `serve` does.
 
         Blocks the calling greenlet; runs in any thread with a gevent hub of its own (the in-process
         worker of ``zqsync.testing``). By itself it installs no signal handler and starts no watchdog

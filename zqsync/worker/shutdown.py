@@ -41,10 +41,10 @@ A second TERM/INT, QUIT, or the end of the grace period is cold: in-flight
 tasks are killed (confirmed ones stay pending in the journal and run after
 the next start), calls still waiting for a slot are refused (``WorkerStopping``),
 and queued plain jobs are discarded with a count. A worker that killed
-tasks exits with status :data:`~zqsync.worker.watchdog.KILLED_EXIT` (1), and counts
+tasks exits with status `KILLED_EXIT` (1), and counts
 them (``tasks_killed_on_stop``).
 
-A mixin of :class:`~zqsync.worker.server.Worker`, which holds the state; what differs between a
+A mixin of `Worker`, which holds the state; what differs between a
 standalone worker and a supervised child (the notice and unbind, or the drain to the end-of-jobs mark)
 is the intake's (``intake.py``).
 """
@@ -65,7 +65,7 @@ REPLY_DRAIN = 0.25
 
 
 class Shutdown(Core):
-    """The stop sequence of :class:`~zqsync.worker.server.Worker`."""
+    """The stop sequence of `Worker`."""
 
     def _ignore_held(self) -> None:
         """On stop: the held confirmed jobs stay unacknowledged (never journaled here); their clients send
@@ -119,7 +119,7 @@ class Shutdown(Core):
         """Kill the job receivers and the credit offers (``_stopping`` is set). A jobs receiver that runs a
         task inline (it yielded, and has not handed off yet) is a task in flight: it is left to finish, and
         receives no more. A receiver that reads a job while the kill is on its way keeps it in the backlog
-        (:meth:`_receive_jobs`)."""
+        (`_receive_jobs`)."""
         jobs = [receiver for receiver in self._receivers[:1] if receiver not in self._slots]
         gevent.killall([*jobs, *self._queue_receivers])
         self.intake.stop_offering()

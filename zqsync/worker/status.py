@@ -7,7 +7,7 @@ Who knows a job's status (``docs/design.md``, "Job status and results"):
   for ``keep_done`` seconds after it finished (``keep_dead`` when dead-lettered);
 * a **plain** job: only if its task has ``store_result=True`` or the caller
   asked (``store_result=True`` on enqueue); then this process's memory keeps it,
-  at most :data:`MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
+  at most `MAX_KEPT` jobs, each for ``keep_done`` seconds, lost with the process;
 * a job **running** here: this process's memory, which holds its greenlet (to cancel it).
 
 Every worker answers the ``zqsync.*`` admin calls below from what it holds;
@@ -20,16 +20,16 @@ import collections
 import dataclasses
 import logging
 import os
-import reprlib
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import gevent
 import gevent.event
 
-from ..errors import NoJournal, ProtocolError
 from ..wire import envelope
-from .journal_api import CANCELLED, FINISHED_STATES, JournalBackend, Row
+from . import recent
+from .journal_api import CANCELLED, JournalBackend, Row
+from .journal_calls import JournalCalls, row_state
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ MAX_KEPT = 10_000
 MAX_WAIT = 30.0
 #: Seconds between re-reads of the journal while a long-poll waits (a job may finish in another process).
 RECHECK = 1.0
-#: Most rows one ``zqsync.jobs`` page returns.
-MAX_PAGE = 1000
-_SUMMARY = reprlib.Repr()
-_SUMMARY.maxlevel, _SUMMARY.maxstring, _SUMMARY.maxother, _SUMMARY.maxlist, _SUMMARY.maxdict = 3, 40, 40, 5, 5
 
 
 class Cancelled(BaseException):
@@ -60,6 +56,12 @@ class Running:
     task: str
     attempts: int
     started_at: float
+    request: Optional[envelope.Request] = None  # its arguments, formatted only when listed (`.recent.call_text`)
+    confirmed: bool = False
+
+
+def _args(run: Running) -> str:
+    return "" if run.request is None else recent.call_text(run.request)
 
 
 def _error(text: Optional[str], traceback: str = "") -> Optional[dict[str, str]]:
@@ -67,11 +69,6 @@ def _error(text: Optional[str], traceback: str = "") -> Optional[dict[str, str]]
         return None
     kind, _, message = text.partition(": ")
     return {"type": kind, "message": message, "traceback": traceback}
-
-
-def _final_state(state: str, retries: int) -> str:
-    """A journal ``dead`` row of a task without retries is reported ``failed``: it was never meant to retry."""
-    return "failed" if state == "dead" and retries == 0 else state
 
 
 class JobBook:
@@ -95,13 +92,20 @@ class JobBook:
         # Outcomes of journaled jobs until their row says so: the journal writer commits them a moment later.
         self._settling: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._closing = False
+        self._ended: dict[str, Running] = {}  # attempts that returned, until their outcome is settled
+        #: the recent outcomes of every task here (``zqsync.recent``)
+        self.recent = recent.Recent()
+        #: the journal's admin calls (``zqsync.jobs``, ``requeue``, ``purge``)
+        self.calls = JournalCalls(journal, lambda: sorted(self._running))
 
     # -- the scheduler's side ----------------------------------------------
 
-    def started(self, job_id: str, task: str, attempts: int, *, keep: bool) -> None:
-        """An attempt starts in the current greenlet; ``keep``: a plain job whose status is kept in memory."""
+    def started(self, job_id: str, task: str, attempts: int, *, keep: bool, request: Optional[envelope.Request] = None,
+                confirmed: bool = False) -> None:
+        """An attempt starts in the current greenlet; ``keep``: a plain job whose status is kept in memory;
+        ``request``: the job's request, whose arguments `zqsync.recent` lists."""
         now = time.time()
-        self._running[job_id] = Running(gevent.getcurrent(), task, attempts, now)
+        self._running[job_id] = Running(gevent.getcurrent(), task, attempts, now, request, confirmed)
         if keep:
             status = self._kept.pop(job_id, None) or {"enqueued_at": now}
             self._keep(job_id, {**status, "task": task, "state": "running", "attempts": attempts, "started_at": now})
@@ -109,12 +113,17 @@ class JobBook:
 
     def stopped(self, job_id: str) -> None:
         """The current attempt returned or was interrupted: it can no longer be cancelled as running."""
-        self._running.pop(job_id, None)
+        running = self._running.pop(job_id, None)
+        if running is not None:
+            self._ended[job_id] = running
+            if len(self._ended) > MAX_KEPT:  # an attempt whose outcome was never settled (a bug) is forgotten
+                self._ended.pop(next(iter(self._ended)))
 
     def settled(self, job_id: str, state: str, *, result: Any = None, error: Optional[tuple[str, str, str]] = None,
                 due: float = 0.0) -> None:
         """An attempt's outcome (``state`` as reported): updates a kept plain status and wakes long-polls."""
         now = time.time()
+        self._remember(job_id, state, result, error, now)
         outcome = {"state": state, "result": result, "due": due or None,
                    "error": None if error is None else dict(zip(("type", "message", "traceback"), error)),
                    "finished_at": now if state in TERMINAL else None}
@@ -127,6 +136,15 @@ class JobBook:
             while len(self._settling) > MAX_KEPT:
                 self._settling.popitem(last=False)
         self._notify(job_id)
+
+    def _remember(self, job_id: str, state: str, result: Any, error: Optional[tuple[str, str, str]], now: float) -> None:
+        """Add the outcome of the attempt that just ended to `recent`."""
+        run = self._ended.pop(job_id, None) or self._running.pop(job_id, None)  # a cancel settles before stopped()
+        if run is not None and self.recent.wants(run.task, state, now):
+            self.recent.add(recent.Outcome(
+                job_id, run.task, state, _args(run), recent.short(result) if state == "done" else None,
+                None if error is None else f"{error[0]}: {error[1]}"[:recent.TEXT], run.attempts, run.started_at, now,
+                run.confirmed))
 
     def take_cancel(self, job_id: str) -> bool:
         """Whether a plain job about to start was cancelled meanwhile (the mark is used up)."""
@@ -157,7 +175,25 @@ class JobBook:
     def builtins(self) -> dict[str, Callable[..., Any]]:
         """The worker's ``zqsync.*`` job calls, by name."""
         return {"zqsync.job": self.job, "zqsync.result": self.result, "zqsync.cancel": self.cancel,
-                "zqsync.jobs": self.jobs, "zqsync.requeue": self.requeue, "zqsync.purge": self.purge}
+                "zqsync.jobs": self.calls.jobs, "zqsync.requeue": self.calls.requeue, "zqsync.purge": self.calls.purge,
+                "zqsync.recent": self.recent_jobs}
+
+    def recent_jobs(self, task: Optional[str] = None, state: Optional[str] = None, since: Optional[float] = None,
+                    until: Optional[float] = None, limit: int = 100) -> dict[str, Any]:
+        """``zqsync.recent``: the jobs running in this process and its recent outcomes (`.recent`).
+
+        :param task: only this task's. :param state: only outcomes in this state (``done``, ``failed``,
+            ``dead``, ``cancelled``, ``scheduled``: a retry), or ``running`` for the running ones only.
+        :param since: only outcomes finished at or after (epoch seconds). :param until: at or before.
+        :param limit: most outcomes (newest first), at most `.recent.MAX_LIST`.
+        :returns: ``{"now", "pid", "per_task", "running": [{"id", "task", "args", "attempts", "started_at",
+            "runtime" (seconds), "confirmed"}], "finished": [{"id", "task", "state", "args", "result",
+            "error", "attempts", "started_at", "finished_at", "runtime", "confirmed"}]}``.
+        :raises ValueError: a filter of the wrong type.
+        """
+        running = [{"id": job_id, "task": run.task, "args": _args(run), "attempts": run.attempts,
+                    "started_at": run.started_at, "confirmed": run.confirmed} for job_id, run in self._running.items()]
+        return recent.answer(self.recent, running, task, state, since, until, limit)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``zqsync.job``: the status of ``job_id`` as this process knows it (``state`` ``unknown`` if not).
@@ -186,8 +222,8 @@ class JobBook:
         return {**status, "worker": self.worker, "pid": os.getpid()}
 
     def result(self, job_id: str, timeout: float = 10.0) -> dict[str, Any]:
-        """``zqsync.result``: wait up to ``timeout`` seconds (at most :data:`MAX_WAIT`) for ``job_id`` to
-        finish, then return its status as :meth:`job` (finished or not). Blocks only the calling greenlet;
+        """``zqsync.result``: wait up to ``timeout`` seconds (at most `MAX_WAIT`) for ``job_id`` to
+        finish, then return its status as `job` (finished or not). Blocks only the calling greenlet;
         answers at once while the worker stops."""
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout < float("inf"):
             raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
@@ -214,7 +250,8 @@ class JobBook:
         A running task is interrupted where it next yields (``gevent.kill``; waits up to 5 s for it
         to end); a pending or scheduled one is marked ``cancelled`` and never starts.
 
-        :returns: the status as :meth:`job`, with ``"cancelled"``: whether this call cancelled it.
+        :returns: the status as `job`, with ``"cancelled"``: whether this call cancelled it, and
+            ``"reason"``: why not (``None`` if it did).
         """
         _check_id(job_id)
         running = self._running.get(job_id)
@@ -236,56 +273,8 @@ class JobBook:
         if done:
             log.info("cancelled job %s before it started", job_id)
             self._notify(job_id)
-        return {**self.job(job_id), "cancelled": bool(done)}
-
-    def jobs(self, state: Optional[str] = None, offset: int = 0, limit: int = 50) -> dict[str, Any]:
-        """``zqsync.jobs``: the journal's job counts per state, and one page of the rows in ``state``.
-
-        :param state: a journal state (``pending``, ``done``, ``dead``, ``cancelled``, ``expired``), or ``None``
-            for counts only.
-        :param offset: rows to skip (oldest first). :param limit: most rows, at most :data:`MAX_PAGE`.
-        :returns: ``{"counts": {state: n}, "running": [ids running in this process], "rows": [{"id", "task",
-            "args" (a short repr), "state", "attempts", "error", "enqueued_at", "started_at", "finished_at",
-            "due"}]}``.
-        :raises NoJournal: this worker keeps no journal.
-        """
-        journal = self._journal()
-        if not (isinstance(offset, int) and isinstance(limit, int) and offset >= 0 and 0 < limit <= MAX_PAGE):
-            raise ValueError(f"offset must be an int >= 0 and limit an int in 1..{MAX_PAGE}")
-        pool = gevent.get_hub().threadpool
-        rows = pool.apply(journal.rows, ((state,),), {"limit": limit, "offset": offset}) if state else []
-        return {"counts": pool.apply(journal.counts), "running": sorted(self._running),
-                "rows": [_summary(row) for row in rows]}
-
-    def requeue(self, ids: Optional[Sequence[str]] = None, all_dead: bool = False) -> int:
-        """``zqsync.requeue``: make ``ids`` (or every dead job) pending again, attempts reset; returns how many.
-
-        :raises NoJournal: this worker keeps no journal. :raises ValueError: neither or both of ids and all_dead.
-        """
-        journal = self._journal()
-        if bool(ids) == bool(all_dead):
-            raise ValueError("give job ids or all_dead=True (not both)")
-        return int(gevent.get_hub().threadpool.apply(journal.requeue, (list(ids or ()),), {"all_dead": all_dead}))
-
-    def purge(self, states: Sequence[str], older_than: float) -> int:
-        """``zqsync.purge``: delete finished rows in ``states`` (``done``, ``dead``, ``cancelled``, ``expired``) last
-        updated more than ``older_than`` seconds ago; returns how many. Pending rows are never purged.
-
-        :raises NoJournal: this worker keeps no journal. :raises ValueError: a bad state or age.
-        """
-        journal = self._journal()
-        if not states or not set(states) <= set(FINISHED_STATES):
-            raise ValueError(f"states must be some of {', '.join(FINISHED_STATES)}; got {states!r}")
-        if not isinstance(older_than, (int, float)) or older_than < 0:
-            raise ValueError(f"older_than must be seconds >= 0, got {older_than!r}")
-        return int(gevent.get_hub().threadpool.apply(journal.purge, (list(states), float(older_than))))
-
-    # -- helpers -------------------------------------------------------------
-
-    def _journal(self) -> JournalBackend:
-        if self.journal is None:
-            raise NoJournal("NoJournal", "this worker keeps no journal: start it with --state-dir DIR or --journal URL")
-        return self.journal
+        status = self.job(job_id)
+        return {**status, "cancelled": bool(done), "reason": None if done else _not_cancelled(status["state"])}
 
     def _row(self, job_id: str) -> Optional[Row]:
         if self.journal is None:
@@ -294,32 +283,24 @@ class JobBook:
         return rows[0] if rows else None
 
     def _from_row(self, row: Row) -> dict[str, Any]:
-        state = _final_state(row.state, row.retries)
-        if state == "pending" and row.running and self._owner_alive(row):
-            state = "running"
-        elif state == "pending" and row.next_at > time.time():
-            state = "scheduled"
+        state = row_state(row, time.time(), self._owner_alive)
         result = envelope.decode_reply(row.result).result if row.result else None
         return {"state": state, "task": row.task, "attempts": row.attempts, "result": result,
                 "error": _error(row.error) if state != "done" else None, "enqueued_at": row.created_at,
                 "started_at": row.started_at, "finished_at": row.finished_at,
                 "due": row.next_at if state == "scheduled" else None}
 
-    def _owner_alive(self, row: Row) -> bool:
+    def _owner_alive(self, owner: Optional[str]) -> bool:
         assert self.journal is not None
-        return bool(gevent.get_hub().threadpool.apply(self.journal.owner_alive, (row.owner,)))
+        return bool(gevent.get_hub().threadpool.apply(self.journal.owner_alive, (owner,)))
 
 
-def _summary(row: Row) -> dict[str, Any]:
-    try:
-        request = envelope.decode_request(row.body)
-        args = _SUMMARY.repr(request.args)[1:-1] + (", " if request.args and request.kwargs else "") + ", ".join(
-            f"{key}={_SUMMARY.repr(value)}" for key, value in list(request.kwargs.items())[:5])
-    except ProtocolError as exc:
-        args = f"<undecodable: {exc}>"
-    return {"id": row.id, "task": row.task, "args": args[:200], "state": _final_state(row.state, row.retries),
-            "attempts": row.attempts, "error": row.error, "enqueued_at": row.created_at,
-            "started_at": row.started_at, "finished_at": row.finished_at, "due": row.next_at or None}
+def _not_cancelled(state: str) -> str:
+    if state == "unknown":
+        return "no such job here: not in this worker's journal, not running here, and no kept status"
+    if state in TERMINAL:
+        return f"it already ended ({state})"
+    return f"it is {state} where this worker cannot stop it (another process runs it)"
 
 
 def _check_id(job_id: Any) -> None:

@@ -4,7 +4,7 @@ Job sockets are DEALER (client) to ROUTER (worker), so a worker can speak to
 every client connection that sent it a job. On TERM, a standalone worker does
 not unbind at once (that would drop what is in flight in the client's queue
 and both kernels' buffers): it sends every identity it has received from a
-``stopping`` notice (:func:`encode_notice`) and keeps reading. A client that
+``stopping`` notice (`encode_notice`) and keeps reading. A client that
 sees the notice discards its socket (libzmq flushes its queue within the
 linger) and routes around the worker (``zqsync/client/notices.py``). A
 connection that never sent has nothing in flight. The worker unbinds once no
@@ -86,7 +86,7 @@ class Peers:
 def drain(receive: Callable[[int], bytes], sock: zmq.Socket, keep: Callable[[bytes], None], *,
           quiet: float, limit: float, pause: Callable[[], None], done: Callable[[], bool] = lambda: False) -> None:
     """Read jobs with ``receive(flags)`` into ``keep`` until ``done()``, or none arrives for ``quiet`` seconds,
-    or ``limit`` seconds have passed. Calls ``pause()`` after every :data:`BATCH` jobs (a flood must not
+    or ``limit`` seconds have passed. Calls ``pause()`` after every `BATCH` jobs (a flood must not
     block a gevent hub: pass ``gevent.sleep``). Blocks (cooperatively with ``zmq.green`` sockets)."""
     deadline = time.monotonic() + limit
     while not done():

@@ -104,7 +104,7 @@ class Supervisor:
     :param serve_child: called in each forked child with ``(slot, backend,
         ready_file, parent_pid)``; it must serve and return an exit status.
         ``backend`` is the ``(jobs, rpc)`` pair of endpoints to connect to, or with ``direct`` the
-        :class:`~zqsync.worker.listeners.DirectBackend` to bind (``Worker(backend=...)`` takes either).
+        `DirectBackend` to bind (``Worker(backend=...)`` takes either).
     :param bind: public base endpoint ``tcp://HOST:PORT`` (PORT 0: a free pair).
     :param processes: number of children, at least 1.
     :param graceful_timeout: seconds a warm shutdown waits before going cold.

@@ -7,16 +7,16 @@ in the hub can stop it. The watchdog is a native thread outside the hub:
 
 * The hub proves it is alive by a tick every ``interval`` seconds (a greenlet).
 * **Soft limit.** When the hub has not ticked for ``interval`` and a running
-  task is past its ``time_limit``, the watchdog sends :data:`SOFT_SIGNAL` to
+  task is past its ``time_limit``, the watchdog sends `SOFT_SIGNAL` to
   its own process. Python runs the handler in the main thread between two
   bytecodes of whatever runs there, which is the blocking task's greenlet;
-  the handler raises :class:`SoftTimeLimit` into it (billiard, Celery's pool,
+  the handler raises `SoftTimeLimit` into it (billiard, Celery's pool,
   does the same with SIGUSR1). It cannot interrupt a single long C call that
   holds the GIL (a catastrophic regex, ``time.sleep`` from an unpatched C
   library): the handler runs only when that call returns.
 * **A task's soft_time_limit** (the notice, before its ``time_limit``) reaches a
   task that does not yield the same way: past the notice's time, the signal's
-  handler raises the runner's :class:`~zqsync.errors.SoftTimeLimitExceeded`
+  handler raises the runner's `SoftTimeLimitExceeded`
   into it, unless the runner's own ``gevent.Timeout`` for it already fired
   (then the timer is no longer ``pending``): once, whichever comes first. The
   next signal is then due at the task's ``time_limit``.
@@ -32,18 +32,18 @@ in the hub can stop it. The watchdog is a native thread outside the hub:
   (``Restart=on-failure``). A confirmed job killed this way is still pending
   in the journal, so it runs again after the restart as its ``retries`` say.
 
-**Stop.** A worker told to stop (``server.py``) calls :meth:`Watchdog.kill_tasks_at`
+**Stop.** A worker told to stop (``server.py``) calls `Watchdog.kill_tasks_at`
 with the end of its grace period (or now, for a cold stop). If the hub is
-still blocked then, the same signal raises :class:`TaskKilled` (a
+still blocked then, the same signal raises `TaskKilled` (a
 ``GreenletExit``, as gevent's own kill) into the blocking task, which
 interrupts a pure-Python loop and a C call that releases the GIL and
 returns on a signal (``time.sleep``, a socket read). A cold stop's own signal
-handler raises it at once (:meth:`Watchdog.kill_if_due`), which also reaches
+handler raises it at once (`Watchdog.kill_if_due`), which also reaches
 a C call that checks for signals while it holds the GIL (the ``re`` engine
 does). If the hub is still blocked
-:data:`KILL_GRACE` seconds later, the thread ends the process with status
-:data:`KILLED_EXIT`. A C call that holds the GIL runs no Python thread at
-all, so faulthandler's timer is armed too, for :data:`HARD_STOP_GRACE`
+`KILL_GRACE` seconds later, the thread ends the process with status
+`KILLED_EXIT`. A C call that holds the GIL runs no Python thread at
+all, so faulthandler's timer is armed too, for `HARD_STOP_GRACE`
 seconds past the kill: it dumps the tracebacks and exits with status 1.
 
 Both limits use the monotonic clock, and cost the hub one timer wake-up per
@@ -124,8 +124,8 @@ class Watchdog:
     :param interval: seconds between the hub's ticks and the watchdog's checks (float).
     :param hard_grace: seconds past a task's soft limit before the process is ended.
 
-    Call :meth:`start` in the worker process's main thread, with its hub
-    running; :meth:`enter` and :meth:`leave` around every task run. Not for
+    Call `start` in the worker process's main thread, with its hub
+    running; `enter` and `leave` around every task run. Not for
     use from more than one hub. One per process: faulthandler has one timer.
     """
 
@@ -140,7 +140,7 @@ class Watchdog:
         self._pid = os.getpid()
         self._kill_at = math.inf
         self._stop_hard: Optional[float] = None
-        #: tasks killed by :meth:`kill_tasks_at` while they blocked the hub
+        #: tasks killed by `kill_tasks_at` while they blocked the hub
         self.killed = 0
 
     def start(self) -> None:
@@ -173,11 +173,14 @@ class Watchdog:
         self._stop_hard = self._kill_at + HARD_STOP_GRACE
         self._arm(time.monotonic())
 
-    def enter(self, name: str, time_limit: Optional[float], notice: Optional[gevent.Timeout] = None) -> None:
+    def enter(self, name: str, time_limit: Optional[float], notice: Optional[gevent.Timeout] = None,
+              fn: Any = None) -> None:
         """Record that the current greenlet runs task ``name`` under ``time_limit`` seconds (``None``: no limit).
 
         :param notice: the started ``gevent.Timeout`` of the task's ``soft_time_limit``, whose exception
             the watchdog raises where the task does not yield (``None``: no soft time limit).
+        :param fn: the task function (unused here: the watchdog knows the task by its hub's silence;
+            ``thread_limits.py`` needs it).
         """
         now = time.monotonic()
         soft = math.inf if time_limit is None else now + time_limit
@@ -204,7 +207,7 @@ class Watchdog:
 
         Never in a child forked by a task: faulthandler's timer thread did not
         survive the fork, and re-arming (or cancelling) waits for that thread forever. Never before
-        :meth:`start` either (a worker run in-process, whose process has its own uses for faulthandler).
+        `start` either (a worker run in-process, whose process has its own uses for faulthandler).
         """
         if self._pid != os.getpid() or self._ticker is None:
             return  # forked, or not started: the process's faulthandler timer is not the watchdog's
@@ -234,8 +237,8 @@ class Watchdog:
             raise SoftTimeLimit(f"task {running.name!r} ran past its time limit without yielding")
 
     def kill_if_due(self) -> None:
-        """From a signal handler: raise :class:`TaskKilled` if the current greenlet runs a task and
-        the kill time of :meth:`kill_tasks_at` has come (once per task)."""
+        """From a signal handler: raise `TaskKilled` if the current greenlet runs a task and
+        the kill time of `kill_tasks_at` has come (once per task)."""
         running = self._running.get(gevent.getcurrent())
         if running is not None and time.monotonic() >= self._kill_at:
             del self._running[gevent.getcurrent()]

@@ -10,12 +10,12 @@ Settings, all optional, in one dict::
         "WORKER": {"bind": "tcp://127.0.0.1:5555", "processes": 2, "state_dir": "/var/lib/zqsync"},
     }
 
-In views, :func:`enqueue` and :func:`call` use a default client built at first
+In views, `enqueue` and `call` use a default client built at first
 use from those settings (one per process; it opens sockets per process, hub and
 thread on first use, so building it before gunicorn forks is safe too).
 
 Workers: ``python manage.py zqsync_worker`` serves every installed app's
-``tasks.py`` registry (see :func:`discover_registry`) in a ``zqsync worker``
+``tasks.py`` registry (see `discover_registry`) in a ``zqsync worker``
 process that sets Django up after gevent has monkey-patched it; ``WORKER`` gives
 its default options, and arguments after ``--`` are passed to ``zqsync worker``.
 """
@@ -69,7 +69,7 @@ def get_client() -> Client:
 
 
 def reset_client() -> None:
-    """Close and forget the default client; the next :func:`get_client` builds a new one.
+    """Close and forget the default client; the next `get_client` builds a new one.
 
     Runs when a test changes ``settings.ZQSYNC`` (``override_settings``).
     """
@@ -81,12 +81,12 @@ def reset_client() -> None:
 
 
 def enqueue(task: str, *args: Any, **kwargs: Any) -> str:
-    """:meth:`zqsync.Client.enqueue` on :func:`get_client`: at most once; returns the job id."""
+    """`zqsync.Client.enqueue` on `get_client`: at most once; returns the job id."""
     return get_client().enqueue(task, *args, **kwargs)
 
 
 def call(task: str, *args: Any, **kwargs: Any) -> Any:
-    """:meth:`zqsync.Client.call` on :func:`get_client`: blocks for the result.
+    """`zqsync.Client.call` on `get_client`: blocks for the result.
 
     :raises RemoteError: the task raised. :raises CallTimeout: no reply in time.
     """
@@ -96,7 +96,7 @@ def call(task: str, *args: Any, **kwargs: Any) -> Any:
 def discover_registry() -> Registry:
     """One registry with the tasks of every installed app's ``TASKS_MODULE`` (default ``tasks``).
 
-    Each such module must define a :class:`~zqsync.worker.Registry` named
+    Each such module must define a `Registry` named
     ``REGISTRY`` (default ``registry``); apps without the module are skipped,
     but an import error inside one is raised, not hidden. Needs Django set up.
 

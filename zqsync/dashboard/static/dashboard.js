@@ -1,4 +1,4 @@
-/* zqsync dashboard: polls /api/state every interval, the journals every few intervals. */
+/* zqsync dashboard: polls /api/v1/state every interval, the jobs and journals every few intervals. */
 "use strict";
 (function () {
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
@@ -36,7 +36,7 @@
   window.zqsyncCharts = { throughput: throughput, latency: latency };  // for scripts and the browser test
 
   function drawFleet(workers) {
-    const tbody = body("fleet"), durations = body("durations");
+    const tbody = body("fleet"), durations = body("durations"), queues = body("queues");
     for (const w of workers) {
       const procs = w.processes.length ? w.processes : [null];
       for (const p of procs) {
@@ -46,12 +46,20 @@
         cell(row, p ? p.state : w.state, "state-" + (p && w.state !== "stopping" ? p.state : w.state)).title = w.error || "";
         cell(row, p ? (p.prefork ? "supervisor pid " : "pid ") + p.pid : "");
         cell(row, p ? p.in_flight : "", "num");
+        cell(row, p ? p.queued : "", "num queued");
+        cell(row, p ? p.delayed : "", "num");
         cell(row, p ? fixed(p.jobs_per_s, 1) : "", "num");
         cell(row, p ? fixed(p.calls_per_s, 1) : "", "num");
         cell(row, p ? duration(p.uptime) : "");
         cell(row, p ? p.counters.jobs_succeeded + p.counters.jobs_failed : "", "num jobs-done");
         cell(row, p ? p.counters.calls_received : "", "num");
         if (!p) continue;
+        for (const [name, q] of Object.entries(p.queues)) {
+          const qrow = queues.insertRow();
+          qrow.dataset.queue = name;
+          [w.endpoint, name, q.endpoint].forEach((t) => cell(qrow, t));
+          cell(qrow, q.concurrency, "num"); cell(qrow, q.running, "num"); cell(qrow, q.waiting ? "yes" : "no");
+        }
         for (const [task, d] of Object.entries(p.durations)) {
           const drow = durations.insertRow();
           [w.endpoint, "pid " + p.pid, task].forEach((t) => cell(drow, t));
@@ -64,7 +72,7 @@
         cell(row, "");
         cell(row, c.state, "state-" + c.state);
         cell(row, "child pid " + c.pid);
-        cell(row, c.in_flight, "num"); cell(row, ""); cell(row, ""); cell(row, duration(c.uptime));
+        cell(row, c.in_flight, "num"); [1, 2, 3, 4].forEach(() => cell(row, "")); cell(row, duration(c.uptime));
         cell(row, c.jobs_done, "num"); cell(row, c.calls, "num");
       }
     }
@@ -88,10 +96,52 @@
     const [response, answer] = await api(path, {
       method: "POST", headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
       body: JSON.stringify(payload) });
-    status.className = response.ok ? "" : "failed";
-    status.textContent = response.ok ? path.slice(5) + " on " + answer.endpoint + ": " + JSON.stringify(answer.result)
+    status.className = response.ok && !answer.why_not ? "" : "failed";
+    status.textContent = response.ok ? answer.endpoint + ": " + answer.did + (answer.why_not ? " (" + answer.why_not + ")" : "")
                                      : (answer.error || response.statusText);
+    refreshJobs();
     refreshJournals();
+  }
+
+  function since(epoch) { return typeof epoch === "number" ? new Date(epoch * 1000).toLocaleTimeString() : ""; }
+
+  async function refreshJobs() {
+    const query = new URLSearchParams({ limit: "50" });
+    const task = document.getElementById("filter-task").value.trim();
+    const state = document.getElementById("filter-state").value;
+    const ago = document.getElementById("filter-since").value;
+    if (task) query.set("task", task);
+    if (state) query.set("state", state);
+    const [, recent] = await api("/api/v1/recent?" + query);
+    const [, running] = await api("/api/v1/recent?state=running&limit=1000");
+    const rtable = body("running"), ftable = body("recent");
+    for (const answer of running.workers) {
+      const result = answer.result;
+      if (!result) continue;
+      for (const job of result.running) {
+        const row = rtable.insertRow();
+        row.dataset.id = job.id;
+        [answer.endpoint, result.pid, job.id, job.task, job.args].forEach((t) => cell(row, t));
+        cell(row, job.attempts, "num"); cell(row, fixed(job.runtime, 1) + " s", "num");
+        cell(row, job.confirmed ? "confirmed" : "plain");
+        button(row.insertCell(), "Cancel", () => act("/api/v1/cancel", { endpoint: answer.endpoint, id: job.id },
+                                                     "Cancel running job " + job.id + " (" + job.task + ")?"));
+      }
+    }
+    for (const answer of recent.workers) {
+      const result = answer.result;
+      if (!result) continue;
+      const cutoff = ago ? result.now - parseFloat(ago) : null;
+      for (const job of result.finished) {
+        if (cutoff !== null && job.finished_at < cutoff) continue;
+        const row = ftable.insertRow();
+        row.dataset.id = job.id; row.dataset.state = job.state;
+        [answer.endpoint, result.pid, job.id, job.task, job.args].forEach((t) => cell(row, t));
+        cell(row, job.state, "state-" + job.state);
+        cell(row, job.error || job.result, job.error ? "error" : "").title = job.error || job.result || "";
+        cell(row, fixed(1000 * job.runtime, 1) + " ms", "num"); cell(row, since(job.finished_at));
+      }
+    }
   }
 
   function jobRow(tbody, endpoint, job, columns) {
@@ -103,43 +153,45 @@
   }
 
   async function refreshJournals() {
-    const [, counts] = await api("/api/jobs");
-    const [, dead] = await api("/api/jobs?state=dead");
-    const [, pending] = await api("/api/jobs?state=pending");
+    const [, counts] = await api("/api/v1/jobs");
+    const [, dead] = await api("/api/v1/jobs?state=dead");
+    const [, pending] = await api("/api/v1/jobs?state=pending");
+    const [, scheduled] = await api("/api/v1/jobs?state=scheduled");
     const ctable = body("journal-counts"), dtable = body("dead"), ptable = body("pending");
     for (const answer of counts.workers) {
       const row = ctable.insertRow(), c = (answer.result || {}).counts || {};
       row.dataset.endpoint = answer.endpoint;
       cell(row, answer.endpoint);
-      if (answer.error) { cell(row, answer.error, "error").colSpan = 6; continue; }
-      cell(row, c.pending || 0, "num"); cell(row, answer.result.running.length, "num"); cell(row, c.dead || 0, "num");
-      cell(row, c.done || 0, "num"); cell(row, c.cancelled || 0, "num");
+      if (answer.error) { cell(row, answer.error, "error").colSpan = 7; continue; }
+      for (const state of ["pending", "scheduled", "running", "dead", "done", "cancelled"]) cell(row, c[state] || 0, "num");
       if (c.dead) button(row.insertCell(), "Requeue all dead", () =>
-        act("/api/requeue", { endpoint: answer.endpoint }, "Requeue all " + c.dead + " dead jobs of " + answer.endpoint + "?"));
+        act("/api/v1/requeue", { endpoint: answer.endpoint, as_of: answer.result.now },
+            "Requeue all " + c.dead + " dead jobs of " + answer.endpoint + "?"));
     }
     for (const answer of dead.workers) {
       for (const job of (answer.result || {}).rows || []) {
         const td = jobRow(dtable, answer.endpoint, job, [[job.attempts, "num"], [job.error, "error"]]);
         td.previousSibling.title = job.error || "";
-        button(td, "Requeue", () => act("/api/requeue", { endpoint: answer.endpoint, ids: [job.id] }, "Requeue job " + job.id + "?"));
+        button(td, "Requeue", () => act("/api/v1/requeue", { endpoint: answer.endpoint, ids: [job.id], as_of: answer.result.now },
+                                        "Requeue job " + job.id + "?"));
       }
     }
-    for (const answer of pending.workers) {
+    for (const answer of pending.workers.concat(scheduled.workers)) {
       for (const job of (answer.result || {}).rows || []) {
-        const due = job.due && job.due * 1000 > Date.now() ? new Date(job.due * 1000).toLocaleString() : "now";
-        const td = jobRow(ptable, answer.endpoint, job, [[due]]);
-        button(td, "Cancel", () => act("/api/cancel", { endpoint: answer.endpoint, id: job.id }, "Cancel job " + job.id + "?"));
+        const due = job.state === "scheduled" && job.due ? new Date(job.due * 1000).toLocaleString() : "now";
+        const td = jobRow(ptable, answer.endpoint, job, [[job.state, "state-" + job.state], [due]]);
+        button(td, "Cancel", () => act("/api/v1/cancel", { endpoint: answer.endpoint, id: job.id }, "Cancel job " + job.id + "?"));
       }
     }
   }
 
   async function refresh() {
     try {
-      const [, state] = await api("/api/state");
+      const [, state] = await api("/api/v1/state");
       drawFleet(state.workers);
       drawHistory(state.history);
       document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
-      if (polls++ % JOURNAL_EVERY === 0) await refreshJournals();
+      if (polls++ % JOURNAL_EVERY === 0) { await refreshJobs(); await refreshJournals(); }
     } catch (err) {
       document.getElementById("updated").textContent = "update failed: " + err;
     } finally {
@@ -151,13 +203,14 @@
     const hours = parseFloat(document.getElementById("purge-hours").value);
     if (!window.confirm("Delete dead jobs older than " + hours + " hours on every worker?")) return;
     for (const w of document.querySelectorAll("#journal-counts tbody tr")) {
-      act("/api/purge", { endpoint: w.dataset.endpoint, older_than: hours * 3600 }, null);
+      act("/api/v1/purge", { endpoint: w.dataset.endpoint, older_than: hours * 3600 }, null);
     }
   };
+  document.getElementById("recent-filter").onsubmit = (event) => { event.preventDefault(); refreshJobs(); };
   document.getElementById("lookup").onsubmit = async (event) => {
     event.preventDefault();
     const id = document.getElementById("lookup-id").value.trim();
-    const [response, answer] = await api("/api/job/" + encodeURIComponent(id));
+    const [response, answer] = await api("/api/v1/job/" + encodeURIComponent(id));
     document.getElementById("lookup-result").textContent = response.ok
       ? JSON.stringify(answer.found.map((a) => a.result), null, 2) : "no worker knows job " + id;
   };
