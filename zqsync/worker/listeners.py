@@ -103,9 +103,17 @@ class Listeners:
 
 def bind_inherited(sock: zmq.Socket, fd: int, endpoint: str) -> str:
     """Bind ``sock`` to ``endpoint`` by accepting on a copy of the listening descriptor ``fd``
-    (``ZMQ_USE_FD``); returns the bound endpoint (``ZMQ_LAST_ENDPOINT``, for the unbind)."""
+    (``ZMQ_USE_FD``); returns the bound endpoint (``ZMQ_LAST_ENDPOINT``, for the unbind).
+
+    The descriptor is made non-blocking first (``O_NONBLOCK`` belongs to the listening socket's open file, so
+    every copy, in every child, shares it). libzmq leaves a ``ZMQ_USE_FD`` socket as it finds it, and calls
+    ``accept4`` whenever epoll says the socket is readable; a connection to the shared public pair wakes every
+    child, and a child that lost the race to a sibling would block in ``accept4`` on a blocking socket, its
+    whole I/O thread with it, until the next connection to that port (issue 22: its slot's connections waited
+    in the kernel's accept queue)."""
     copy = os.dup(fd)
     try:
+        os.set_blocking(copy, False)
         sock.setsockopt(zmq.USE_FD, copy)
         sock.bind(endpoint)
     except zmq.ZMQError:
