@@ -5,12 +5,15 @@ Run from the repository root::
     python benchmarks/bench_prefork.py [--quick | --smoke] [--json FILE]
 
 One run starts every variant's ``zqsync worker zqsync.demo.tasks:registry``
-(:class:`zqsync.processes.WorkerProcess`, default concurrency), at once, on
+(`zqsync.processes.WorkerProcess`, default concurrency), at once, on
 free ports of 127.0.0.1, and stops each by pid at the end:
 
 * ``one process``: a standalone worker, no supervisor;
 * ``--processes 1``, ``--processes 2``, and ``--processes 4`` where this
-  machine has at least 4 CPUs.
+  machine has at least 4 CPUs: the router (``worker/dispatch.py``);
+* the same with ``--direct``: no router, each child binds the supervisor's listening sockets
+  (``worker/listeners.py``); their client sets ``ZQSYNC_EXPAND_PREFORK=1``, so it sends to every
+  child's announced slot (``client/announce.py``).
 
 Nothing is pinned: the point is how a worker uses every CPU. Two measures,
 each run for every variant in turn (rotating order) before the next measure,
@@ -23,6 +26,11 @@ in rounds:
   every 5 ms from this process;
 * **calls**: one gevent client process (monkey-patched) makes ``echo`` calls
   from 50 greenlets; the time runs from the start signal until the last reply.
+
+Each round also reads the CPU time (user + system, from ``/proc``) of the worker's processes (the
+supervisor and its children) before and after: the **worker CPU per message** in µs, which stays
+steady on a loaded machine where the rates swing. A jobs round includes the bench's own
+``zqsync.stats`` polls at the end (a few per round).
 
 The client runs in a subprocess of this script (``--client``), started and
 warmed up (its connections open) before the clock starts. Each variant's
@@ -85,10 +93,36 @@ TARGETS = {(1, "jobs"): 0.9, (1, "calls"): 0.9, (2, "jobs"): 1.5, (2, "calls"): 
 ONE = "one process"
 
 
+DIRECT = "--direct"
+
+
 def variants() -> dict[str, list[str]]:
     """Variant name -> extra ``zqsync worker`` arguments; ``--processes 4`` only with 4 CPUs or more."""
     counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
-    return {ONE: [], **{f"--processes {n}": ["--processes", str(n)] for n in counts}}
+    return {ONE: [], **{f"--processes {n}": ["--processes", str(n)] for n in counts},
+            **{f"--processes {n} {DIRECT}": ["--processes", str(n), DIRECT] for n in counts}}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants, read from ``/proc``."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, grew = {pid}, True
+    while grew:
+        grown = tree | {child for child, parent in parents.items() if parent in tree}
+        grew, tree = grown != tree, grown
+    return sum(times.get(member, 0.0) for member in tree)
 
 
 @contextlib.contextmanager
@@ -104,22 +138,26 @@ def started_workers() -> Iterator[dict[str, WorkerProcess]]:
             worker.stop()
 
 
-def start_client(mode: str, endpoint: str, count: int) -> subprocess.Popen:
-    """A client subprocess (``--client``) that has connected and warmed up, waiting for its start line."""
+def start_client(mode: str, endpoint: str, count: int, expand: bool = False) -> subprocess.Popen:
+    """A client subprocess (``--client``) that has connected and warmed up, waiting for its start line;
+    with ``expand``, it sends to the slots a direct worker announces (``ZQSYNC_EXPAND_PREFORK``)."""
+    env = {**os.environ, "ZQSYNC_EXPAND_PREFORK": "1" if expand else "0"}
     client = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--client", mode, endpoint, str(count)],
-                              cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     if client.stdout is None or client.stdout.readline().strip() != "ready":
         stop_process(client)
         raise RuntimeError(f"the {mode} client for {endpoint} did not start")
     return client
 
 
-def time_round(worker: WorkerProcess, mode: str, count: int) -> float:
-    """Messages per second of one round: ``count`` jobs run at the worker, or ``count`` calls answered."""
+def time_round(worker: WorkerProcess, mode: str, count: int) -> tuple[float, float]:
+    """One round: messages per second (``count`` jobs run at the worker, or ``count`` calls answered), and
+    the worker's CPU µs per message."""
     expected = worker.stats()["jobs_succeeded"] + 1 + count  # the client's warm-up job, then its round
-    client = start_client(mode, worker.endpoint, count)
+    client = start_client(mode, worker.endpoint, count, expand=DIRECT in worker.extra_args)
     try:
         assert client.stdin is not None and client.stdout is not None
+        cpu = cpu_seconds(worker.pid)
         started = time.perf_counter()
         client.stdin.write("go\n")
         client.stdin.flush()
@@ -130,7 +168,8 @@ def time_round(worker: WorkerProcess, mode: str, count: int) -> float:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the worker did not run {count} jobs in time")
             time.sleep(POLL)
-        return count / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        return count / elapsed, (cpu_seconds(worker.pid) - cpu) / count * 1e6
     finally:
         stop_process(client)
 
@@ -139,6 +178,7 @@ def measure(settings: Settings) -> list[Row]:
     """Every variant and measure, interleaved in rounds; returns the report's rows."""
     counts = {"jobs": settings.jobs, "calls": settings.calls}
     rates: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
     with started_workers() as workers:
         names = list(workers)
         for mode, count in counts.items():  # an untimed round each: connections, caches, the children's pools
@@ -148,9 +188,12 @@ def measure(settings: Settings) -> list[Row]:
             for _ in range(settings.rounds):
                 for mode, count in counts.items():
                     for name in interleaved(names, 1, bar):
-                        rates.setdefault((name, mode), []).append(time_round(workers[name], mode, count))
+                        rate, cpu = time_round(workers[name], mode, count)
+                        rates.setdefault((name, mode), []).append(rate)
+                        cpus.setdefault((name, mode), []).append(cpu)
                 names = names[1:] + names[:1]
-    return result_rows(rates)
+    return result_rows(rates) + [Row(name, f"{mode}: worker CPU per message (median round)", statistics.median(per),
+                                     "us", rounds=per) for (name, mode), per in cpus.items()]
 
 
 def result_rows(rates: dict[tuple[str, str], list[float]]) -> list[Row]:
@@ -165,7 +208,7 @@ def result_rows(rates: dict[tuple[str, str], list[float]]) -> list[Row]:
             continue
         ratios = [a / b for a, b in zip(per_round, rates[(ONE, mode)])]
         measure = f"{mode}: {name} / one process (median of per-round ratios)"
-        goal = TARGETS.get((int(name.split()[-1]), mode))
+        goal = TARGETS.get((int(name.split()[1]), mode))
         value = statistics.median(ratios)
         rows.append(checked(name, measure, value, "x", ">=", goal, rounds=ratios) if goal is not None
                     else Row(name, measure, value, "x", rounds=ratios))

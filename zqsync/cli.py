@@ -161,6 +161,15 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         help="run N worker processes behind --bind under a prefork supervisor that restarts "
                         "crashed ones; kill -HUP replaces them one at a time, losing no job "
                         "(default: a single process, no supervisor)")
+    worker.add_argument("--direct", action="store_true",
+                        help="with --processes: no router; each child binds the supervisor's listening sockets "
+                        "itself: the --bind pair, shared (the kernel spreads new connections), and a pair of its "
+                        "own on the ports after it (child i: PORT+2+2i, PORT+3+2i; keep them free), announced by "
+                        "zqsync.endpoints to clients with expand_prefork (ZQSYNC_EXPAND_PREFORK=1), which then "
+                        "spread every message over the children. On 2 loaded cores, 2 children ran 1.0x one "
+                        "process's plain jobs and 1.4x its calls (the router: 0.4x and 0.6x). Not kept yet: a child whose hub is "
+                        "blocked still gets the messages of its connections, and what a SIGKILLed child had read "
+                        "is lost uncounted (a WARNING says so); see docs/design.md")
     worker.add_argument("--state-dir", metavar="DIR",
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")
@@ -458,6 +467,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.reload:
         return run_with_reload(args, args.argv)
+    if args.direct and not args.processes:
+        raise SystemExit("zqsync worker: --direct goes with --processes N")
     if args.processes:
         if args.queues:
             raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
@@ -479,16 +490,18 @@ def _run_supervisor(args: argparse.Namespace) -> int:
 
     config = worker_settings(args)
 
-    def serve_child(slot: int, backend: tuple[str, str], ready_file: str, parent_pid: int) -> int:
+    def serve_child(slot: int, backend: Any, ready_file: str, parent_pid: int) -> int:
         from gevent import monkey
 
         monkey.patch_all()
         from .worker.server import Worker
 
         registry = load_registry(args.app)
-        # CURVE ends at the supervisor's public sockets; the children listen on private ipc:// backends.
-        worker = Worker(registry, settings=dataclasses.replace(config, curve_secret_key=None, allow_client_keys=None),
-                        backend=backend, ready_file=ready_file, parent_pid=parent_pid)
+        # Router: CURVE ends at the supervisor's public sockets; the children listen on private ipc:// backends.
+        # Direct: each child serves its clients itself, CURVE included.
+        child_config = config if args.direct else dataclasses.replace(config, curve_secret_key=None,
+                                                                      allow_client_keys=None)
+        worker = Worker(registry, settings=child_config, backend=backend, ready_file=ready_file, parent_pid=parent_pid)
         if metrics_address(args):
             prometheus().MetricsSync(worker).start()
         return worker.serve()
@@ -498,7 +511,8 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
                                 graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
                                 on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
-                                allow_client_keys=config.allow_client_keys, keepalive=config.keepalive)
+                                allow_client_keys=None if args.direct else config.allow_client_keys,
+                                keepalive=config.keepalive, direct=args.direct)
         return supervisor.run()
 
 

@@ -26,6 +26,7 @@ environment variable       field                    unit         default
 ``ZQSYNC_PROBE_TIMEOUT``   probe_timeout            seconds      0.5
 ``ZQSYNC_PROBE_BACKOFF``   probe_backoff            seconds      0.5
 ``ZQSYNC_PROBE_BACKOFF_MAX`` probe_backoff_max      seconds      5.0
+``ZQSYNC_EXPAND_PREFORK``  expand_prefork           0|1          0
 ========================== ======================== ============ ===========
 
 Durations are finite, at most `MAX_SECONDS`; ``call_timeout`` and
@@ -40,6 +41,9 @@ attempt that no connection takes within ``probe_timeout``, or that goes unanswer
 (a ``zqsync.ping`` on a new connection, bounded by ``probe_timeout``) finds no connection, marks
 the worker down; it is probed again ``probe_backoff`` seconds later, the wait doubling up to
 ``probe_backoff_max``, and is up again once a probe is answered. All three are more than 0.
+``expand_prefork`` (``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``) makes the client ask each
+worker endpoint for the slots a direct prefork worker announces and send to those, one endpoint per child,
+asked again every ``resolve_interval`` (``client/announce.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ RESOLVE_INTERVAL = 10.0
 PROBE_TIMEOUT = 0.5
 PROBE_BACKOFF = 0.5
 PROBE_BACKOFF_MAX = 5.0
+EXPAND_PREFORK = False
 
 #: Longest duration any setting accepts, seconds (libzmq takes milliseconds as a C int).
 MAX_SECONDS = 1_000_000.0
@@ -151,6 +156,16 @@ def _confirm_retry(name: str, value: Any) -> float:
     return check_seconds(name, value, MIN_CONFIRM_RETRY)
 
 
+def _flag(name: str, value: Any) -> bool:
+    """A boolean, or its spelling in an environment variable."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ConfigurationError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {value!r}", setting=name)
+    return text in ("1", "true", "yes", "on")
+
+
 def _congestion(name: str, value: Any) -> str:
     text = str(getattr(value, "value", value)).lower()
     if text not in ("block", "drop"):
@@ -188,6 +203,7 @@ class ClientSettings:
     probe_timeout: float = PROBE_TIMEOUT
     probe_backoff: float = PROBE_BACKOFF
     probe_backoff_max: float = PROBE_BACKOFF_MAX
+    expand_prefork: bool = EXPAND_PREFORK
 
     _ENV = {
         "pool_size": ("ZQSYNC_POOL_SIZE", lambda n, v: _positive_int(n, v, 1)),
@@ -208,6 +224,7 @@ class ClientSettings:
         "probe_timeout": ("ZQSYNC_PROBE_TIMEOUT", _deadline),
         "probe_backoff": ("ZQSYNC_PROBE_BACKOFF", _deadline),
         "probe_backoff_max": ("ZQSYNC_PROBE_BACKOFF_MAX", _deadline),
+        "expand_prefork": ("ZQSYNC_EXPAND_PREFORK", _flag),
     }
 
     @classmethod

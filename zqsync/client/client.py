@@ -34,7 +34,7 @@ from ..settings import ClientSettings, check_seconds, default_endpoint
 from ..wire import envelope
 from ..wire.curve import Curve
 from ..wire.endpoints import split_endpoint
-from . import discovery, express, health, lookups, notices, transport, waits
+from . import announce, discovery, express, health, lookups, notices, transport, waits
 from .congestion import STATE as CONGESTION
 from .congestion import CongestionControl
 from .jobs import Job, JobStatus, expiry
@@ -70,7 +70,9 @@ class Client:
         ``hwm`` (messages), ``max_sockets``, ``heartbeat``, ``connect_timeout``,
         ``resolver`` (a nameserver ``"HOST[:PORT]"``; ``""``: the system's), ``resolve_interval``,
         ``probe_timeout``, ``probe_backoff``, ``probe_backoff_max`` (seconds: how a
-        dead worker among several is found and probed, ``zqsync/client/health.py``).
+        dead worker among several is found and probed, ``zqsync/client/health.py``),
+        ``expand_prefork`` (bool: send to the slots a direct prefork worker announces, one endpoint per
+        child, ``zqsync/client/announce.py``).
     :param curve: `zqsync.Curve` keys, for workers that require CURVE
         (``Curve.from_files("worker.key", "client.key_secret")``).
     :raises ConfigurationError: a malformed or unusable endpoint (see
@@ -112,7 +114,7 @@ class Client:
         if not names:
             raise ConfigurationError("Client needs at least one worker endpoint", setting="endpoints")
         self.settings = settings.with_overrides(**overrides) if settings else ClientSettings.from_env(**overrides)
-        self._discovery = discovery.discovery_for(names, self.settings)
+        self._discovery = discovery.discovery_for(names, self.settings, announce=self._announced)
         self._base: tuple[str, ...] = () if self._discovery else own
         self._use(self._base)
         self.congestion = CongestionControl.parse(self.settings.congestion)
@@ -145,6 +147,10 @@ class Client:
         self._jobs_address: Any = self.endpoints if len(pairs) != 1 else self.endpoints[0]
         self._rpc_endpoints = tuple(rpc for _, rpc in pairs)
         self._rpc_address: Any = self._rpc_endpoints if len(pairs) != 1 else self._rpc_endpoints[0]
+
+    def _announced(self, endpoint: str) -> Optional[tuple[str, ...]]:
+        """The slots the worker at ``endpoint`` announces (``expand_prefork``: ``announce.py``)."""
+        return announce.slot_endpoints(self._dealer, endpoint, self.settings.probe_timeout)
 
     def _rediscover(self) -> None:
         """Follow the endpoints the names resolve to now (``discovery.py``): dial the workers that appeared,

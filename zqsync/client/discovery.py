@@ -15,7 +15,9 @@ itself, here, and dials every address:
   target, on the record's port (the worker's base port). Priority and weight are ignored: every
   target is a worker, and the client spreads over all of them.
 * a literal address (``tcp://10.0.0.5:5555``, ``tcp://[::1]:5555``): itself. A client whose
-  endpoints are all literal builds no `Discovery` at all, and pays nothing for it.
+  endpoints are all literal builds no `Discovery` at all, and pays nothing for it, unless it
+  sets ``expand_prefork``: then every endpoint found is also asked for the slots a direct prefork
+  worker announces, and stands for them (``announce.py``).
 
 Names go to the system's resolver (``getaddrinfo``: ``/etc/hosts``, search domains, nsswitch), as
 libzmq did, unless the ``resolver`` setting names a nameserver (``HOST`` or ``HOST:PORT``, for
@@ -49,6 +51,7 @@ from typing import Any, Optional, Sequence
 
 from ..errors import ConfigurationError, PoolError
 from ..wire.endpoints import check_distinct, nameserver, parse_endpoint
+from .announce import Announce, Expansion
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +63,13 @@ MIN_TTL = 1.0
 LOOKUP_LIFETIME = 2.0
 
 
-def discovery_for(names: Sequence[str], settings: Any) -> Optional["Discovery"]:
-    """A `Discovery` for a client's configured base endpoints, or ``None`` when all are addresses.
+def discovery_for(names: Sequence[str], settings: Any, announce: Optional[Announce] = None) -> Optional["Discovery"]:
+    """A `Discovery` for a client's configured base endpoints, or ``None`` when all are addresses
+    and the client does not expand announced slots.
 
-    :param settings: the client's `ClientSettings` (``resolver``, ``resolve_interval``).
+    :param settings: the client's `ClientSettings` (``resolver``, ``resolve_interval``,
+        ``expand_prefork``).
+    :param announce: with ``expand_prefork``, how to ask an endpoint for its slots (``announce.py``).
     :raises ConfigurationError: a malformed endpoint, one listed twice or overlapping another's port pair,
         or ``srv://``/``resolver`` without dnspython.
     """
@@ -73,9 +79,10 @@ def discovery_for(names: Sequence[str], settings: Any) -> Optional["Discovery"]:
     for name in names:
         if name.startswith("srv://"):
             _check_srv(name)
-    if len(pairs) == len(names) and all(_is_literal(host[len("tcp://"):]) for host, _ in pairs):
+    expansion = Expansion(announce) if announce is not None and settings.expand_prefork else None
+    if expansion is None and len(pairs) == len(names) and all(_is_literal(host[len("tcp://"):]) for host, _ in pairs):
         return None
-    return Discovery(names, settings.resolver, settings.resolve_interval)
+    return Discovery(names, settings.resolver, settings.resolve_interval, expansion)
 
 
 def members(address: Any) -> tuple[str, ...]:
@@ -101,12 +108,15 @@ class Discovery:
     :param names: the configured base endpoints (``tcp://HOST:PORT`` or ``srv://NAME``).
     :param resolver: ``""`` for the system's resolver, or a nameserver ``HOST[:PORT]``.
     :param interval: seconds between look-ups of a name (a shorter TTL wins, down to `MIN_TTL`).
+    :param expansion: expands the endpoints found into the slots they announce (``announce.py``).
     :raises ConfigurationError: ``srv://`` or a ``resolver`` without dnspython installed, or a malformed
         ``resolver``.
     """
 
-    def __init__(self, names: Sequence[str], resolver: str, interval: float) -> None:
+    def __init__(self, names: Sequence[str], resolver: str, interval: float,
+                 expansion: Optional[Expansion] = None) -> None:
         self.names = tuple(names)
+        self._expansion = expansion
         self.interval = interval
         self._lookup = _Lookup(resolver, srv=any(name.startswith("srv://") for name in names))
         self._known: dict[str, tuple[str, ...]] = {}
@@ -117,8 +127,9 @@ class Discovery:
         """The base endpoints now, after a look-up if one is due (made by this caller).
 
         Blocks for the look-up only when one is due, or no address is known yet: up to the resolver's
-        timeouts (``getaddrinfo``'s, or `LOOKUP_LIFETIME` seconds per name at a ``resolver``);
-        cooperatively under gevent's monkey-patching.
+        timeouts (``getaddrinfo``'s, or `LOOKUP_LIFETIME` seconds per name at a ``resolver``),
+        and with an expansion up to twice ``probe_timeout`` per endpoint asked; cooperatively under
+        gevent's monkey-patching.
 
         :raises PoolError: no name resolved to any address yet (the message gives each one's error).
         """
@@ -136,6 +147,8 @@ class Discovery:
             if not found:
                 problems.append(f"{name}: no address")
                 continue
+            if self._expansion is not None:
+                found = self._expansion.expand(found)
             self._known[name] = found
             ttl = min(ttl, max(MIN_TTL, name_ttl))
         self._due = time.monotonic() + ttl

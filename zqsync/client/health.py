@@ -164,20 +164,34 @@ def ping(pool: Any, rpc: str, timeout: float) -> Optional[bool]:
 
     A socket that got its answer stays pooled; any other is discarded (pool rule 3).
     """
-    request_id = os.urandom(16).hex()
-    frame = envelope.encode_request("call", request_id, "zqsync.ping", (), {}, deadline=timeout)
     try:
-        with pool.lease(rpc, timeout=timeout, fresh=True) as sock:
-            deadline = time.monotonic() + timeout
-            if not transport.send(sock, frame, timeout):
-                raise Unsent("zqsync.ping", timeout, [rpc])
-            while True:
-                data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
-                if data is None:
-                    raise CallTimeout("zqsync.ping", timeout, [rpc])
-                if envelope.decode_reply(data).id == request_id:
-                    return True
+        ask(pool, rpc, "zqsync.ping", timeout)
     except Unsent:
         return False
     except (CallTimeout, PoolError, ProtocolError, zmq.ZMQError):
         return None
+    return True
+
+
+def ask(pool: Any, rpc: str, task: str, timeout: float) -> envelope.Reply:
+    """Call ``task`` (no arguments) at the rpc endpoint ``rpc`` on a new socket of the call ``pool``, as
+    `ping` does; returns the reply, ``ok`` or not.
+
+    :raises Unsent: no connection took the request within ``timeout`` seconds.
+    :raises CallTimeout: no answer within ``timeout`` seconds of sending.
+    :raises PoolError: no socket came free within ``timeout`` seconds.
+    :raises ProtocolError: a malformed reply.
+    """
+    request_id = os.urandom(16).hex()
+    frame = envelope.encode_request("call", request_id, task, (), {}, deadline=timeout)
+    with pool.lease(rpc, timeout=timeout, fresh=True) as sock:
+        deadline = time.monotonic() + timeout
+        if not transport.send(sock, frame, timeout):
+            raise Unsent(task, timeout, [rpc])
+        while True:
+            data = transport.recv(sock, max(0.0, deadline - time.monotonic()))
+            if data is None:
+                raise CallTimeout(task, timeout, [rpc])
+            reply = envelope.decode_reply(data)
+            if reply.id == request_id:
+                return reply

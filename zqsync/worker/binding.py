@@ -67,20 +67,7 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
         this machine's, or no free pair found.
     """
     host, port = parse_endpoint(address, allow_zero=True)
-    serve_clients(jobs, keepalive)
-    serve_clients(rpc, keepalive)
-    if host.startswith("tcp://["):
-        jobs.setsockopt(zmq.IPV6, 1)
-        rpc.setsockopt(zmq.IPV6, 1)
-    if curve_secret_key:
-        for option, value in server_options(curve_secret_key).items():
-            jobs.setsockopt(option, value)
-            rpc.setsockopt(option, value)
-    elif not is_loopback(host.split("//", 1)[1]):
-        log.warning(
-            "binding %s without CURVE: anyone who can reach it can run tasks; start the worker with "
-            "--curve-secret-key FILE --allow-client-keys DIR (see zqsync keygen)", address,
-        )
+    configure_pair(jobs, rpc, address, curve_secret_key=curve_secret_key, keepalive=keepalive)
     if port:
         bind(jobs, f"{host}:{port}")
         bind(rpc, f"{host}:{port + 1}")
@@ -95,6 +82,28 @@ def bind_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_k
                 raise
             jobs.unbind(jobs.getsockopt_string(zmq.LAST_ENDPOINT))
     raise ConfigurationError(f"found no free port pair on {host}", setting="bind")
+
+
+def configure_pair(jobs: zmq.Socket, rpc: zmq.Socket, address: str, *, curve_secret_key: Optional[str] = None,
+                   keepalive: tuple[float, float] = KEEPALIVE) -> None:
+    """Set the options `bind_pair` sets before it binds ``address`` (``tcp://HOST:PORT``): those of
+    `serve_clients`, ``ZMQ_IPV6`` for a bracketed host, CURVE, or the warning for a non-loopback host
+    without it."""
+    host, _ = parse_endpoint(address, allow_zero=True)
+    serve_clients(jobs, keepalive)
+    serve_clients(rpc, keepalive)
+    if host.startswith("tcp://["):
+        jobs.setsockopt(zmq.IPV6, 1)
+        rpc.setsockopt(zmq.IPV6, 1)
+    if curve_secret_key:
+        for option, value in server_options(curve_secret_key).items():
+            jobs.setsockopt(option, value)
+            rpc.setsockopt(option, value)
+    elif not is_loopback(host.split("//", 1)[1]):
+        log.warning(
+            "binding %s without CURVE: anyone who can reach it can run tasks; start the worker with "
+            "--curve-secret-key FILE --allow-client-keys DIR (see zqsync keygen)", address,
+        )
 
 
 def bind(sock: zmq.Socket, endpoint: str) -> None:

@@ -12,7 +12,7 @@ import collections
 import logging
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import gevent
 import gevent.pool
@@ -24,6 +24,7 @@ from ..settings import WorkerSettings
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
 from .inline import Reader
 from .intake import Intake, intake_for
+from .listeners import DirectBackend
 from .queues import build_queues
 from .registry import Registry
 from .runner import Runner
@@ -58,7 +59,7 @@ class Core:
         settings: Optional[WorkerSettings] = None,
         ready_file: Optional[str] = None,
         parent_pid: Optional[int] = None,
-        backend: Optional[tuple[str, str]] = None,
+        backend: Union[None, tuple[str, str], DirectBackend] = None,
         **overrides: Any,
     ) -> None:
         self.settings = (settings or WorkerSettings()).replace(**overrides)
@@ -100,6 +101,7 @@ class Core:
             keep_dead=self.settings.keep_dead,
         )
         self.runner.builtins.update(self.scheduler.book.builtins())
+        self.runner.builtins.update(self.intake.builtins())
         self._signals: list[int] = []
         self._stop_deadline: Optional[float] = None
         self._greenlets: list[gevent.Greenlet] = []

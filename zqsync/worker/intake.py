@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import gevent
 import gevent.event
@@ -40,6 +40,7 @@ from .auth import GeventAuthenticator, curve_state
 from .binding import bind_pair
 from .dispatch import ADMIT, CREDITS_MAX, END_OF_JOBS, SLOT
 from .inline import Reader
+from .listeners import DirectBackend
 from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
 
 log = logging.getLogger(__name__)
@@ -49,13 +50,15 @@ Report = Callable[[], dict[str, Any]]
 Keep = Callable[[bytes], None]
 
 
-def quiesce(peers: Peers, keep: Keep) -> None:
+def quiesce(peers: Peers, keep: Keep, also: tuple[str, ...] = ()) -> None:
     """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
-    send (into ``keep``) until they fall quiet, then unbind and read the socket's queue to the end
-    (``stopping.py``). Blocks the calling greenlet, at most twice ``DRAIN_LIMIT`` seconds."""
+    send (into ``keep``) until they fall quiet, then unbind (``peers.endpoint`` and the endpoints ``also``
+    bound) and read the socket's queue to the end (``stopping.py``). Blocks the calling greenlet, at most
+    twice ``DRAIN_LIMIT`` seconds."""
     log.info("stopping: told %d job client(s) of %s", peers.notify_all(), peers.endpoint)
     drain(peers.receive, peers.sock, keep, quiet=DRAIN_QUIET, limit=DRAIN_LIMIT, pause=gevent.sleep)
-    peers.sock.unbind(peers.endpoint)
+    for endpoint in (peers.endpoint, *also):
+        peers.sock.unbind(endpoint)
     drain(peers.receive, peers.sock, keep, quiet=DRAIN_QUIET, limit=DRAIN_LIMIT, pause=gevent.sleep)
 
 
@@ -83,6 +86,10 @@ class Intake:
     def describe(self) -> str:
         """Where the worker serves, for its startup log line."""
         raise NotImplementedError
+
+    def builtins(self) -> dict[str, Callable[..., Any]]:
+        """The ``zqsync.*`` calls of its own, by name, added to the worker's."""
+        return {}
 
     def start(self, slots: gevent.pool.Pool, admissions: Any) -> None:
         """The worker starts serving, with these task slots and admission places."""
@@ -131,12 +138,17 @@ class StandaloneIntake(Intake):
         if self.settings.allow_client_keys:
             self._authenticator = GeventAuthenticator(context, self.settings.allow_client_keys)
             self._authenticator.start()
-        self.endpoint = bind_pair(jobs, rpc, self.settings.bind, curve_secret_key=self.settings.curve_secret_key,
-                                  keepalive=self.settings.keepalive)
-        self._peers = Peers(jobs, jobs.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.endpoint, jobs_endpoint = self._bind(jobs, rpc)
+        self._peers = Peers(jobs, jobs_endpoint)
         self._watch_connections(jobs, "jobs")
         self._watch_connections(rpc, "rpc")
         return self.endpoint
+
+    def _bind(self, jobs: zmq.Socket, rpc: zmq.Socket) -> tuple[str, str]:
+        """Bind both sockets; returns the worker's base endpoint and the jobs endpoint its notices name."""
+        endpoint = bind_pair(jobs, rpc, self.settings.bind, curve_secret_key=self.settings.curve_secret_key,
+                             keepalive=self.settings.keepalive)
+        return endpoint, jobs.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def describe(self) -> str:
         return f"on {self.endpoint} (rpc on port +1), {curve_state(self._authenticator)}"
@@ -220,12 +232,10 @@ class SupervisedIntake(Intake):
         self._context, self._jobs = context, jobs
         jobs.connect(self.backend[0])
         rpc.connect(self.backend[1])
-        admin = context.socket(zmq.ROUTER)
-        admin.bind(fleet.admin_endpoint(self._directory, os.getpid()))
+        serve_siblings(self, context, self._directory, report)
         self._credits = context.socket(zmq.PUSH)
         self._credits.connect(f"ipc://{self._directory}/credits")
-        self.sockets += [admin, self._credits]
-        self.greenlets.append(gevent.spawn(fleet.serve_admin, admin, report))
+        self.sockets.append(self._credits)
         return self.endpoint
 
     def describe(self) -> str:
@@ -306,15 +316,36 @@ class SupervisedIntake(Intake):
         """The whole worker's stats, gathered from every child (``fleet.py``; blocks the calling greenlet
         up to ``fleet.GATHER_TIMEOUT`` seconds for a child that does not answer)."""
         assert self._context is not None
-        reports = fleet.gather(self._context, self._directory, report())
-        return fleet.merge(reports, fleet.read_supervisor_file(self._directory))
+        return whole_worker_stats(self._context, self._directory, report)
 
 
-def intake_for(settings: WorkerSettings, backend: Optional[tuple[str, str]], ready_file: Optional[str]) -> Intake:
-    """The intake of a worker: supervised if it has a ``backend`` pair to connect to, else standalone.
+def serve_siblings(intake: Intake, context: zmq.Context, directory: str, report: Report) -> None:
+    """Bind this child's admin socket in the supervisor's ``directory`` and answer its siblings' stats
+    requests with ``report()`` from a greenlet of ``intake`` (``fleet.py``)."""
+    admin = context.socket(zmq.ROUTER)
+    admin.bind(fleet.admin_endpoint(directory, os.getpid()))
+    intake.sockets.append(admin)
+    intake.greenlets.append(gevent.spawn(fleet.serve_admin, admin, report))
+
+
+def whole_worker_stats(context: zmq.Context, directory: str, report: Report) -> dict[str, Any]:
+    """The stats of every child of the supervisor whose private directory is ``directory``, merged
+    (``fleet.py``; blocks the calling greenlet up to ``fleet.GATHER_TIMEOUT`` seconds)."""
+    return fleet.merge(fleet.gather(context, directory, report()), fleet.read_supervisor_file(directory))
+
+
+def intake_for(settings: WorkerSettings, backend: Union[None, tuple[str, str], DirectBackend],
+               ready_file: Optional[str]) -> Intake:
+    """The intake of a worker: standalone without a ``backend``; a direct-mode child with a
+    `DirectBackend` (``direct.py``); else supervised, connecting to the
+    ``backend`` pair.
 
     :raises ConfigurationError: named queues under a supervisor.
     """
     if backend is None:
         return StandaloneIntake(settings)
+    if isinstance(backend, DirectBackend):
+        from .direct import DirectIntake
+
+        return DirectIntake(settings, backend, ready_file)
     return SupervisedIntake(backend, settings.bind, ready_file, settings.queues)

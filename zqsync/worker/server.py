@@ -59,7 +59,9 @@ class Worker(Receiving, Shutdown):
         stopping it. Checked every second.
     :param backend: ``(jobs, rpc)`` endpoints to *connect* to instead of
         binding (set by the prefork supervisor): the worker's intake is then a
-        `SupervisedIntake`, else a `StandaloneIntake`.
+        `SupervisedIntake`; a
+        `DirectBackend` (a direct-mode supervisor's child): a
+        `DirectIntake`; else a `StandaloneIntake`.
     :param overrides: `WorkerSettings` fields that
         replace those of ``settings`` (``Worker(registry, concurrency=4)``).
     :raises ConfigurationError: an unknown or invalid setting, naming it.

@@ -45,6 +45,8 @@ class Peers:
 
     def __init__(self, sock: zmq.Socket, endpoint: str) -> None:
         self.sock, self.endpoint = sock, endpoint
+        #: The endpoint the notice names (clients leave it out for a while): ``endpoint``, or ``""`` for none.
+        self.named = endpoint
         self.seen: dict[bytes, None] = {}  # insertion-ordered, bounded by MAX_PEERS
         self.notified: set[bytes] = set()
         self.stopping = False
@@ -75,7 +77,7 @@ class Peers:
 
     def _notify(self, identity: bytes) -> None:
         try:
-            self.sock.send_multipart([identity, encode_notice(self.endpoint)], zmq.NOBLOCK)
+            self.sock.send_multipart([identity, encode_notice(self.named)], zmq.NOBLOCK)
         except zmq.ZMQError:  # gone, or its queue full: it stops sending or the quiet period ends it
             return
         self.notified.add(identity)

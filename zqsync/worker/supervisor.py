@@ -58,7 +58,7 @@ import sys
 import tempfile
 import time
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import zmq
 
@@ -68,6 +68,7 @@ from .auth import curve_state, start_thread_authenticator
 from .binding import KEEPALIVE, bind_pair
 from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
+from .listeners import DirectBackend, Listeners
 from .stopping import DRAIN_LIMIT
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,14 @@ MAX_BACKOFF = 30.0
 DRAIN_TIMEOUT = 10.0
 
 
+#: What a child binds or connects to: a router's ``(jobs, rpc)`` pair, or a direct child's listening sockets.
+Backend = Union[tuple[str, str], DirectBackend]
+
+
 class _Child:
     __slots__ = ("slot", "pid", "started", "ready_file", "backend", "booted", "retiring")
 
-    def __init__(self, slot: int, pid: int, ready_file: str, backend: tuple[str, str]) -> None:
+    def __init__(self, slot: int, pid: int, ready_file: str, backend: Backend) -> None:
         self.slot, self.pid, self.ready_file, self.backend = slot, pid, ready_file, backend
         self.started = time.monotonic()
         self.booted = False
@@ -98,7 +103,8 @@ class Supervisor:
 
     :param serve_child: called in each forked child with ``(slot, backend,
         ready_file, parent_pid)``; it must serve and return an exit status.
-        ``backend`` is the ``(jobs, rpc)`` pair of endpoints to connect to.
+        ``backend`` is the ``(jobs, rpc)`` pair of endpoints to connect to, or with ``direct`` the
+        `DirectBackend` to bind (``Worker(backend=...)`` takes either).
     :param bind: public base endpoint ``tcp://HOST:PORT`` (PORT 0: a free pair).
     :param processes: number of children, at least 1.
     :param graceful_timeout: seconds a warm shutdown waits before going cold.
@@ -110,11 +116,16 @@ class Supervisor:
     :param curve_secret_key: make the public sockets CURVE servers (see ``auth.py``).
     :param allow_client_keys: directory of allowed client public keys.
     :param keepalive: ``(idle, interval)`` seconds of the public sockets' TCP keepalive (``binding.py``).
+    :param direct: no router: the supervisor holds listening sockets that its children bind (the public
+        pair, and a pair per slot on the ports after it: ``listeners.py``), and each child serves its
+        clients as a standalone worker does (``direct.py``); CURVE is then the children's
+        (``serve_child`` keeps the keys). ``docs/design.md`` says which promises of the router it does not keep.
+    :raises ConfigurationError: ``processes`` below 1.
     """
 
     def __init__(
         self,
-        serve_child: Callable[[int, tuple[str, str], str, int], int],
+        serve_child: Callable[[int, Backend, str, int], int],
         *,
         bind: str = settings.BIND,
         processes: int = 2,
@@ -126,6 +137,7 @@ class Supervisor:
         curve_secret_key: Optional[str] = None,
         allow_client_keys: Optional[str] = None,
         keepalive: tuple[float, float] = KEEPALIVE,
+        direct: bool = False,
     ) -> None:
         if processes < 1:
             raise ConfigurationError(f"processes must be >= 1, got {processes}", setting="processes")
@@ -139,6 +151,8 @@ class Supervisor:
         self.on_child_exit = on_child_exit
         self.curve_secret_key, self.allow_client_keys = curve_secret_key, allow_client_keys
         self.keepalive = keepalive
+        self.direct = direct
+        self._listeners: Optional[Listeners] = None
         self._authenticator: Any = None
         self.endpoint = ""
         self.children: dict[int, _Child] = {}
@@ -173,7 +187,21 @@ class Supervisor:
         self._dispatch = Dispatcher(context, self._dir, jobs_front, rpc_front)
         self._dispatch.start()
 
+    def _start_listeners(self) -> None:
+        """Direct mode: open the listening sockets the children bind (``listeners.py``)."""
+        self._listeners = Listeners(self.bind_address, self.processes)
+        self.endpoint = self._listeners.endpoint
+
+    def _backend(self, slot: int) -> Backend:
+        """A new child's backend: its slot's listening sockets (direct), or a new pair at the router."""
+        if self._listeners is not None:
+            return self._listeners.backend(slot, self._dir)
+        assert self._dispatch is not None
+        return self._dispatch.call(self._dispatch.add_child, str(self._spawned))
+
     def _stop_dispatch(self) -> None:
+        if self._listeners is not None:
+            self._listeners.close()
         if self._dispatch is not None:
             self._dispatch.stop()
         if self._authenticator is not None:
@@ -184,9 +212,8 @@ class Supervisor:
     # -- children ------------------------------------------------------------
 
     def _spawn(self, slot: int) -> _Child:
-        assert self._dispatch is not None
         self._spawned += 1
-        backend = self._dispatch.call(self._dispatch.add_child, str(self._spawned))
+        backend = self._backend(slot)
         ready_file = os.path.join(self._dir, f"ready-{slot}-{self._spawned}")
         parent = os.getpid()
         pid = os.fork()
@@ -258,6 +285,9 @@ class Supervisor:
             if child.retiring:
                 log.info("worker child %d (pid %d) retired with status %s", child.slot, pid, code)
                 continue
+            if self.direct and code != 0:
+                log.warning("worker child %d (pid %d) exited with status %s: in direct mode the plain jobs it had "
+                            "read and not run are lost, and not counted", child.slot, pid, code)
             if not child.booted and not os.path.exists(child.ready_file):
                 if child.slot not in self._booted_slots:
                     log.error("worker child %d (pid %d) exited with status %s before it finished booting; "
@@ -272,7 +302,7 @@ class Supervisor:
         read (or, killed, never said it started): they are lost with it (``dispatch.py``)."""
         if self._dispatch is None or not self._dispatch.alive:
             return
-        lost = self._dispatch.call(self._dispatch.remove_child, child.backend[0], _jobs_read(child))
+        lost = self._dispatch.call(self._dispatch.remove_child, _routed(child), _jobs_read(child))
         if lost:
             log.warning("worker child %d (pid %d) exited holding %d plain job(s) it had not started: lost "
                         "(%d lost with children so far)", child.slot, child.pid, lost, self._dispatch.jobs_lost)
@@ -316,11 +346,12 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         signal.signal(signal.SIGHUP, self._on_hup)
         try:
-            self._start_dispatch()
+            self._start_listeners() if self.direct else self._start_dispatch()
             for slot in range(self.processes):
                 self._spawn(slot)
             log.info("zqsync supervisor pid %d: %d worker children behind %s, %s", os.getpid(), self.processes,
-                     self.endpoint, curve_state(self._authenticator))
+                     self.endpoint, "direct (each child binds its slot's ports after them)" if self.direct
+                     else curve_state(self._authenticator))
             status = self._loop()
             self._stop_children()
             self._kill_children()
@@ -353,10 +384,14 @@ class Supervisor:
         return None
 
     def _retire(self, child: _Child) -> None:
-        """Route no more work to ``child``, then warm-stop it; waits until it has drained its backend queue."""
-        assert self._dispatch is not None
+        """Route no more work to ``child``, then warm-stop it; waits until it has drained its backend queue
+        (direct: until it has unbound its sockets)."""
         child.retiring = True
-        self._dispatch.call(self._dispatch.close_child, child.backend[0])
+        if self._dispatch is not None:
+            self._dispatch.call(self._dispatch.close_child, _routed(child))
+        else:  # direct: its notice must not send clients away from the addresses its replacement serves
+            with open(f"{child.ready_file}.retiring", "w"):
+                pass
         try:
             os.kill(child.pid, signal.SIGTERM)
             drained = f"{child.ready_file}.drained"
@@ -445,10 +480,11 @@ class Supervisor:
 
     def _stop_children(self) -> None:
         cold = signal.SIGQUIT in self._signals
-        self._stop_taking_jobs(cold)
-        self._signal_children(signal.SIGQUIT if cold else signal.SIGTERM)
-        assert self._dispatch is not None
-        self._dispatch.call(self._dispatch.refuse_calls)
+        if self._dispatch is not None:
+            self._stop_taking_jobs(cold)
+        self._signal_children(signal.SIGQUIT if cold else signal.SIGTERM)  # direct: each stops as a standalone worker
+        if self._dispatch is not None:
+            self._dispatch.call(self._dispatch.refuse_calls)
         log.info("%s shutdown of %d worker children", "cold" if cold else "warm", len(self.children))
         deadline = time.monotonic() + self.graceful_timeout + 5.0
         seen = len(self._signals)
@@ -493,6 +529,12 @@ class Supervisor:
                 pass
             self._forget(child)
         self.children.clear()
+
+
+def _routed(child: _Child) -> str:
+    """The name of a child at the router (its jobs backend)."""
+    assert isinstance(child.backend, tuple)
+    return child.backend[0]
 
 
 def _jobs_read(child: _Child) -> Optional[int]:
