@@ -56,11 +56,6 @@ from .pool import Address, SocketPool
 UNSENT = object()
 
 
-def _unnamed_error(reply: envelope.Reply) -> bool:
-    """An error reply naming no request id: the worker could not read the request it answers."""
-    return reply.id == "" and not reply.ok
-
-
 class Channel:
     """The long-polls of one owner to one rpc address, on one socket (module docstring)."""
 
@@ -109,7 +104,7 @@ class Channel:
                 if data is None:
                     return None
                 reply = envelope.decode_reply(data)
-                if reply.id == request_id or _unnamed_error(reply):  # one waiter: an error naming no id is ours
+                if reply.id == request_id:
                     return reply
                 self.pool.note_stale_reply()  # an earlier request of this thread that gave up
         except zmq.ZMQError as exc:
@@ -187,8 +182,6 @@ class Channel:
                 return
             reply = envelope.decode_reply(data)
             answer = self._waiting.get(reply.id)
-            if answer is None and _unnamed_error(reply) and len(self._waiting) == 1:
-                answer = next(iter(self._waiting.values()))  # the worker could not read the id: the one waiter's
             if answer is None:
                 self.pool.note_stale_reply()
             else:
