@@ -23,8 +23,10 @@ def test_a_lost_hosts_state_directory_moved_elsewhere_runs_its_acknowledged_jobs
     lost_disk, new_disk, out = tmp_path / "lost-host", tmp_path / "new-host", tmp_path / "out"
     lost = zq_worker(extra_args=["--state-dir", str(lost_disk / "state")])
     expected = [f"job-{n}" for n in range(50)]
-    with zqsync.Client(lost.endpoint) as client:  # due in 2 s: pending when the host goes
-        ids = [client.enqueue_with_options("record", args=(str(out), line), confirm=True, delay=2.0)
+    # Due in 6 s (times the slack): pending when the host goes. 2 s was once too short in CI, where a job ran
+    # on the lost worker before the kill.
+    with zqsync.Client(lost.endpoint) as client:
+        ids = [client.enqueue_with_options("record", args=(str(out), line), confirm=True, delay=slack(6.0))
                for line in expected]
     lost.kill()  # SIGKILL: nothing is closed or checkpointed
     assert lines(out) == [], "none was due before the loss"
