@@ -84,6 +84,39 @@ def disown(sock: Any) -> None:
     orphans.append(sock)
 
 
+def disown_zero_copy_collector() -> None:
+    """In a forked child: end the copy of pyzmq's zero-copy collector greenlet and disown its socket.
+
+    pyzmq keeps the memory of ``copy=False`` sends alive until libzmq frees it,
+    through a collector thread (``zmq.utils.garbage``) that pulls on an inproc
+    socket. Under gevent's monkey-patching that thread is a greenlet, and
+    ``fork`` copies it into the child with the parent's socket. There its
+    ``recv`` spins on a mailbox libzmq will not read in another process
+    (libzmq checks the pid), never yielding to the hub, and the child hangs.
+    Here the copied socket is disowned and the greenlet is ended with
+    ``SystemExit``, which ``threading`` ends silently; pyzmq starts a fresh
+    collector should the child send zero-copy itself. A no-op when pyzmq's
+    collector never started, or without gevent.
+    """
+    garbage: Any = sys.modules.get("zmq.utils.garbage")
+    collector: Any = getattr(garbage, "gc", None)
+    thread = getattr(collector, "thread", None)
+    if thread is None or collector.pid == os.getpid() or not garbage.Thread.__module__.startswith("gevent"):
+        return
+    context = getattr(collector, "_context", None)
+    for sock in list(getattr(context, "_sockets", None) or ()):
+        disown(sock)
+    if context is not None:
+        orphans.append(context)
+    import gc
+    import threading
+
+    for glet in [item for item in gc.get_objects() if id(item) == thread.ident and hasattr(item, "kill")]:
+        # threading forgot the copied thread at the fork; its end removes it again
+        threading._active.setdefault(thread.ident, thread)  # type: ignore[attr-defined]
+        glet.kill(SystemExit, block=False)
+
+
 def stop_watcher(sock: Any) -> None:
     """Stop a ``zmq.green`` socket's gevent watcher, if it has one (a no-op on plain sockets)."""
     watcher = getattr(sock, "_state_event", None)

@@ -90,6 +90,7 @@ def close_foreign(sock: zmq.Socket, linger_ms: int) -> None:
 
 
 def _after_fork_in_child() -> None:
+    _common.disown_zero_copy_collector()
     for callback in _fork_callbacks:
         callback()
     for pool in list(pools):
