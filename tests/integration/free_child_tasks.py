@@ -29,3 +29,9 @@ def whoami():
 def record(path):
     with open(path, "a") as handle:
         handle.write(f"{os.getpid()}\n")
+
+
+@registry.task
+def echo(value):
+    """``[value, this child's pid]``: which client a reply reached, and which child ran the call."""
+    return [value, os.getpid()]

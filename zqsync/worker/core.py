@@ -12,7 +12,7 @@ import collections
 import logging
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import gevent
 import gevent.pool
@@ -50,7 +50,10 @@ class Core:
 
     jobs: zmq.Socket
     rpc: zmq.Socket
-    _readers: tuple[Reader, Reader]
+    #: The readers of the jobs and rpc sockets, and of the intake's stolen-work socket if it has one.
+    _readers: tuple[Reader, ...]
+    #: Runs a plain job in a slot (the scheduler's, counted as the intake needs: ``Intake.count_plain``).
+    _run_plain: Callable[[bytes], None]
 
     def __init__(
         self,

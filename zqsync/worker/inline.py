@@ -125,9 +125,13 @@ class Reader:
         """In the hub: wake the parked reader if a message waits (or the socket closed: it then fails)."""
         self._looking = False
         waiter = self._waiter
-        if waiter is not None and (self.sock.closed or cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN):
+        if waiter is not None and self._readable():
             self._waiter = None
             waiter.switch(None)
+
+    def _readable(self) -> bool:
+        """Whether a message waits (or the socket closed: a read then fails)."""
+        return self.sock.closed or bool(cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN)
 
     def _wait(self) -> None:
         self._streak = 0

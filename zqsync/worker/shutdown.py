@@ -102,6 +102,7 @@ class Shutdown(Core):
         rpc.join(timeout=5.0 + REPLY_DRAIN)
         if not self.rpc.closed:
             rpc.kill()
+            self.intake.unwatch(self.rpc)
             self.rpc.close(linger=0)
         self.scheduler.stop()
         gevent.killall(self._greenlets)
@@ -185,6 +186,6 @@ class Shutdown(Core):
                 else:
                     self._waiting.join(timeout=min(0.1, remaining))
             elif self._slots.free_count():
-                self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
+                self._slots.spawn(self._run_plain, self._backlog.popleft())
             else:
                 self._slots.wait_available(timeout=min(0.1, remaining))

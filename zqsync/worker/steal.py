@@ -1,0 +1,272 @@
+"""Work stealing from a direct prefork child whose hub is blocked (``direct.py``, issue 22).
+
+A direct child reads its clients' connections itself (its ROUTERs bind the supervisor's listening
+sockets), so while a task blocks its hub (CPU-bound work, an unpatched C call) libzmq keeps queueing
+work there, for the task to end, while a sibling may be free. Each direct child therefore runs a
+`Relay`: a native thread that is idle while its hub stamps its seat (``seats.py``), and once the stamp
+is older than `STEAL_AFTER` seconds reads the child's jobs and rpc ROUTERs itself and forwards what it
+reads to a sibling whose stamp is fresh and that has free task slots, over a DEALER to that sibling's
+*stolen-work* ROUTER, ``ipc://DIR/stolen-PID`` in the supervisor's private directory:
+
+* a plain job as ``[JOB, body]``;
+* an rpc message (a call, a confirmed job, an admin call) as ``[CALL, client routing id, body]``. The
+  sibling runs it as its own and answers on that socket; the answer ``[client routing id, body]`` comes
+  back to the relay's DEALER, and the relay sends it on the rpc ROUTER the request came from (the client's
+  connection lives there), whether or not the hub runs again by then.
+
+The relay reads a message only when a sibling can take it (fresh, with free slots not yet used up by what
+was sent since its last stamp, and its DEALER writable): it never drops what it read. If every sibling is
+blocked or full, the work stays queued where it is.
+
+libzmq sockets are not thread-safe, but one may pass between threads through a full memory barrier: every
+use of the ROUTERs, by the hub (`LockedReader`) and by the relay, holds one native lock. The hub's
+receivers park on the sockets' edge-triggered descriptors, which a read or send by the relay can consume,
+so after it touched them the relay wakes the hub (a libev async watcher) to give its parked readers a look
+(`Reader.kick`). The relay needs the GIL: a task in pure Python gives it up every switch interval, and the
+relay shortens that interval while it steals (`STEAL_SWITCH_INTERVAL`) so that each of its steps does not
+wait 5 ms; a C call that holds the GIL stops the relay too (the watchdog's hard limit ends it).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+from typing import Any, Callable, Optional
+
+import zmq
+
+from .._common import native_lock
+from .inline import Reader
+from .seats import FREE, HANDED, PID, STOLEN, TICK, WIDTH, Seats, now
+from .watchdog import _original
+
+log = logging.getLogger(__name__)
+
+#: Seconds without a stamp from its hub after which a child's relay steals its work.
+STEAL_AFTER = 0.05
+#: Seconds a stealing relay waits for input before it looks again; and an idle one (replies only).
+STEAL_POLL, IDLE_POLL = 0.005, 0.02
+#: The interpreter's switch interval while a relay steals (seconds; restored after).
+STEAL_SWITCH_INTERVAL = 0.0005
+#: The first frame of forwarded work.
+JOB, CALL = b"j", b"c"
+
+
+def stolen_endpoint(directory: str, pid: int) -> str:
+    """The stolen-work ROUTER of the child ``pid``."""
+    return f"ipc://{directory}/stolen-{pid}"
+
+
+class LockedReader(Reader):
+    """A `Reader` whose socket a `Relay` also uses: every libzmq call on it holds ``lock``."""
+
+    def __init__(self, sock: zmq.Socket, lock: Any) -> None:
+        super().__init__(sock)
+        self._lock = lock
+
+    def recv(self) -> bytes:
+        self._fair()
+        while True:
+            with self._lock:
+                try:
+                    return self.raw.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            self._wait()
+
+    def recv_multipart(self) -> list[bytes]:
+        self._fair()
+        while True:
+            with self._lock:
+                try:
+                    return self.raw.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            self._wait()
+
+    def reply(self, envelope: list[bytes], body: bytes) -> None:
+        with self._lock:
+            super().reply(envelope, body)
+
+    def _readable(self) -> bool:
+        with self._lock:  # not around the wake-up: the reader then takes the lock itself
+            return super()._readable()
+
+
+class Relay:
+    """The native thread that steals a blocked child's work (module docstring).
+
+    :param context: the child's context (the relay's DEALERs are plain sockets on it).
+    :param jobs: the child's jobs ROUTER; ``rpc``: its rpc ROUTER (any pyzmq socket class).
+    :param lock: the native lock every use of ``jobs`` and ``rpc`` holds.
+    :param seats: the supervisor's shared table; ``seat``: this child's row.
+    :param directory: the supervisor's private directory (the siblings' stolen-work sockets).
+    :param wake: thread-safe; wakes the hub to give its parked readers a look.
+    """
+
+    def __init__(self, context: zmq.Context, jobs: zmq.Socket, rpc: zmq.Socket, lock: Any, seats: Seats,
+                 seat: int, directory: str, wake: Callable[[], None]) -> None:
+        self._context = zmq.Context.shadow(context.underlying)
+        self._jobs, self._rpc = zmq.Socket.shadow(jobs.underlying), zmq.Socket.shadow(rpc.underlying)
+        self._lock, self._seats, self._seat, self._directory, self._wake = lock, seats, seat, directory, wake
+        self._row = seat * WIDTH
+        self._dealers: dict[int, tuple[int, zmq.Socket]] = {}  # seat -> (pid, DEALER to its stolen-work socket)
+        self._sent: dict[int, list[float]] = {}  # seat -> [its stamp when counted, work sent since]
+        #: Routing ids of the clients whose jobs were stolen (the hub remembers them for its stopping notice).
+        self.senders: collections.deque[bytes] = collections.deque(maxlen=10_000)
+        self._steal = True  # cleared (under the lock) when the child stops taking jobs
+        self._running = True
+        self._done = native_lock()
+        self._switch = sys.getswitchinterval()
+        self.stolen = 0  # messages forwarded (the relay's own count, for the log)
+
+    def start(self) -> None:
+        self._done.acquire()
+        _original("_thread", "start_new_thread")(self._run, ())
+
+    def stop_stealing(self) -> None:
+        """Take nothing more from the sockets (the hub is about to stop taking jobs); replies still pass."""
+        with self._lock:
+            self._steal = False
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """End the thread (it closes its DEALERs); blocks up to ``timeout`` seconds, the hub too. Idempotent."""
+        if self._running:
+            self._running = False
+            if self._done.acquire(timeout=timeout):
+                self._done.release()
+
+    # -- the thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        stealing = False
+        try:
+            while self._running:
+                blocked = self._steal and now() - self._seats.floats[self._row + TICK] > STEAL_AFTER
+                if blocked != stealing:
+                    stealing = blocked
+                    sys.setswitchinterval(STEAL_SWITCH_INTERVAL if stealing else self._switch)
+                    if stealing:
+                        log.info("the hub has been blocked for %.2f s: stealing its work for free siblings",
+                                 now() - self._seats.floats[self._row + TICK])
+                    else:
+                        log.info("the hub runs again: stole %d message(s) for siblings", self.stolen)
+                        self.stolen = 0
+                self._connect_siblings()
+                poller = zmq.Poller()
+                for _, dealer in self._dealers.values():
+                    poller.register(dealer, zmq.POLLIN)
+                if stealing:
+                    for sock in (self._jobs, self._rpc):
+                        poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
+                poller.poll(1000 * (STEAL_POLL if stealing else IDLE_POLL))
+                touched = self._return_replies()
+                if stealing:
+                    touched = self._take(self._rpc, CALL) | self._take(self._jobs, JOB) | touched
+                if touched:
+                    self._wake()
+        except Exception:
+            log.exception("the work-stealing relay failed; this child's work waits for its hub")
+        finally:
+            sys.setswitchinterval(self._switch)
+            for _, dealer in self._dealers.values():
+                dealer.close(linger=0)
+            self._done.release()
+
+    def _return_replies(self) -> bool:
+        """Send every answer a sibling returned to its client, on the rpc ROUTER; whether any was sent."""
+        sent = False
+        for _, dealer in list(self._dealers.values()):
+            while True:
+                try:
+                    frames = dealer.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                with self._lock:
+                    try:
+                        self._rpc.send_multipart(frames, zmq.NOBLOCK)
+                    except zmq.Again:
+                        log.warning("dropped a stolen call's reply: client %r is not reading", frames[0])
+                    except zmq.ZMQError:  # the rpc socket closed: the child stops
+                        return sent
+                sent = True
+        return sent
+
+    def _take(self, sock: zmq.Socket, kind: bytes) -> bool:
+        """Read from ``sock`` and forward, while a sibling can take it; whether anything was read."""
+        took = False
+        while self._running:
+            target = self._target()
+            if target is None:
+                return took
+            with self._lock:
+                if not self._steal:
+                    return took
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return True  # an EAGAIN consumed the descriptor's edge too: the hub must look
+            took = True
+            seat, dealer = target
+            ints = self._seats.ints
+            if kind == JOB:
+                ints[self._row + STOLEN] += 1
+                self.senders.append(frames[0])
+                message = [JOB, frames[1] if len(frames) == 2 else b""]
+            else:
+                message = [CALL, *frames]
+            dealer.send_multipart(message)  # writable (checked): it does not block
+            if kind == JOB:
+                ints[self._row + HANDED] += 1
+            self._sent[seat][1] += 1
+            self.stolen += 1
+        return took
+
+    def _target(self) -> Optional[tuple[int, zmq.Socket]]:
+        """The sibling with the most room: a fresh stamp, free slots beyond what was sent it since, and a
+        writable DEALER."""
+        ints, floats, at = self._seats.ints, self._seats.floats, now()
+        best: Optional[tuple[int, zmq.Socket]] = None
+        best_room = 0
+        for seat in range(self._seats.count):
+            row = seat * WIDTH
+            pid = ints[row + PID]
+            if seat == self._seat or pid <= 0 or at - floats[row + TICK] > STEAL_AFTER:
+                continue
+            tick = floats[row + TICK]
+            sent = self._sent.get(seat)
+            if sent is None or sent[0] != tick:
+                sent = self._sent[seat] = [tick, 0]
+            room = ints[row + FREE] - int(sent[1])
+            if room <= best_room:
+                continue
+            dealer = self._dealer(seat, pid)
+            if dealer.get(zmq.EVENTS) & zmq.POLLOUT:
+                best, best_room = (seat, dealer), room
+        return best
+
+    def _connect_siblings(self) -> None:
+        """A DEALER to every sibling's stolen-work socket, made before it is needed (``IMMEDIATE``: it is
+        writable only once connected)."""
+        ints = self._seats.ints
+        for seat in range(self._seats.count):
+            pid = ints[seat * WIDTH + PID]
+            if seat != self._seat and pid > 0:
+                self._dealer(seat, pid)
+
+    def _dealer(self, seat: int, pid: int) -> zmq.Socket:
+        known = self._dealers.get(seat)
+        if known is not None and known[0] == pid:
+            return known[1]
+        if known is not None:
+            known[1].close(linger=0)
+        dealer = self._context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IMMEDIATE, 1)  # writable only once connected: nothing waits for a peer
+        dealer.connect(stolen_endpoint(self._directory, pid))
+        self._dealers[seat] = (pid, dealer)
+        return dealer
+
+
+__all__ = ["CALL", "JOB", "STEAL_AFTER", "LockedReader", "Relay", "stolen_endpoint"]
