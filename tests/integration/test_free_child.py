@@ -118,8 +118,8 @@ def ran_pids(target: Path) -> list[str]:
 
 def with_a_direct_child_blocked(zq_worker, tmp_path, *, expand, victim, quick):
     """Start a 2-child direct prefork worker; block the hub of the child ``victim(client)`` names (a pid),
-    through its slot's own address; then time ``quick(client, the blocked child's slot address)``. Returns its result, its seconds and the
-    blocked child's pid."""
+    through its slot's own address; then time ``quick(client, the blocked child's slot address)``. Returns
+    its result, its seconds and the blocked child's pid."""
     args = [*DIRECT, "--state-dir", str(tmp_path / "state")]
     worker = zq_worker(TASKS, extra_args=args, concurrency=4)
     wait_for(lambda: len(children_of(worker.pid)) == 2, what="two children")

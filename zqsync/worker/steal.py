@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import logging
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import zmq
 
@@ -107,8 +107,9 @@ class Relay:
 
     def __init__(self, context: zmq.Context, jobs: zmq.Socket, rpc: zmq.Socket, lock: Any, seats: Seats,
                  seat: int, directory: str, wake: Callable[[], None]) -> None:
-        self._context = zmq.Context.shadow(context.underlying)
-        self._jobs, self._rpc = zmq.Socket.shadow(jobs.underlying), zmq.Socket.shadow(rpc.underlying)
+        self._context: zmq.Context = zmq.Context.shadow(context.underlying)
+        self._jobs: zmq.Socket = zmq.Socket.shadow(jobs.underlying)
+        self._rpc: zmq.Socket = zmq.Socket.shadow(rpc.underlying)
         self._lock, self._seats, self._seat, self._directory, self._wake = lock, seats, seat, directory, wake
         self._row = seat * WIDTH
         self._dealers: dict[int, tuple[int, zmq.Socket]] = {}  # seat -> (pid, DEALER to its stolen-work socket)
@@ -160,7 +161,7 @@ class Relay:
                 if stealing:
                     for sock in (self._jobs, self._rpc):
                         poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
-                poller.poll(1000 * (STEAL_POLL if stealing else IDLE_POLL))
+                poller.poll(int(1000 * (STEAL_POLL if stealing else IDLE_POLL)))
                 touched = self._return_replies()
                 if stealing:
                     touched = self._take(self._rpc, CALL) | self._take(self._jobs, JOB) | touched
@@ -242,7 +243,7 @@ class Relay:
             if room <= best_room:
                 continue
             dealer = self._dealer(seat, pid)
-            if dealer.get(zmq.EVENTS) & zmq.POLLOUT:
+            if cast(int, dealer.get(zmq.EVENTS)) & zmq.POLLOUT:
                 best, best_room = (seat, dealer), room
         return best
 
