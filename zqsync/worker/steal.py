@@ -23,8 +23,11 @@ use of the ROUTERs, by the hub (`LockedReader`) and by the relay, holds one nati
 receivers park on the sockets' edge-triggered descriptors, which a read or send by the relay can consume,
 so after it touched them the relay wakes the hub (a libev async watcher) to give its parked readers a look
 (`Reader.kick`). The relay needs the GIL: a task in pure Python gives it up every switch interval, and the
-relay shortens that interval while it steals (`STEAL_SWITCH_INTERVAL`) so that each of its steps does not
-wait 5 ms; a C call that holds the GIL stops the relay too (the watchdog's hard limit ends it).
+relay shortens that interval once it has forwarded work (`STEAL_SWITCH_INTERVAL`, until the hub stamps
+again) so that each of its steps does not wait 5 ms; a C call that holds the GIL stops the relay too (the
+watchdog's hard limit ends it). An idle relay wakes every `IDLE_POLL` seconds (or on a sibling's answer);
+a stealing one polls the sockets only while a sibling can take work, so a healthy child that merely looks
+blocked (its process was descheduled) costs a few wake-ups, not a busy loop.
 """
 
 from __future__ import annotations
@@ -142,26 +145,25 @@ class Relay:
 
     def _run(self) -> None:
         stealing = False
+        sleep = _original("time", "sleep")
         try:
             while self._running:
                 blocked = self._steal and now() - self._seats.floats[self._row + TICK] > STEAL_AFTER
                 if blocked != stealing:
                     stealing = blocked
-                    sys.setswitchinterval(STEAL_SWITCH_INTERVAL if stealing else self._switch)
-                    if stealing:
-                        log.info("the hub has been blocked for %.2f s: stealing its work for free siblings",
-                                 now() - self._seats.floats[self._row + TICK])
-                    else:
-                        log.info("the hub runs again: stole %d message(s) for siblings", self.stolen)
-                        self.stolen = 0
+                    self._switched(stealing)
                 self._connect_siblings()
                 poller = zmq.Poller()
                 for _, dealer in self._dealers.values():
                     poller.register(dealer, zmq.POLLIN)
-                if stealing:
+                if stealing and self._target() is not None:  # else the sockets' input waits: no busy loop on it
                     for sock in (self._jobs, self._rpc):
                         poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
-                poller.poll(int(1000 * (STEAL_POLL if stealing else IDLE_POLL)))
+                wait = STEAL_POLL if stealing else IDLE_POLL
+                if poller.sockets:
+                    poller.poll(int(1000 * wait))
+                else:
+                    sleep(wait)  # zmq_poll of nothing returns at once
                 touched = self._return_replies()
                 if stealing:
                     touched = self._take(self._rpc, CALL) | self._take(self._jobs, JOB) | touched
@@ -174,6 +176,17 @@ class Relay:
             for _, dealer in self._dealers.values():
                 dealer.close(linger=0)
             self._done.release()
+
+    def _switched(self, stealing: bool) -> None:
+        """The hub stopped stamping (``stealing``) or stamps again: log it, and restore the switch interval."""
+        if stealing:
+            log.info("the hub has been blocked for %.2f s: stealing its work for free siblings",
+                     now() - self._seats.floats[self._row + TICK])
+            return
+        sys.setswitchinterval(self._switch)
+        if self.stolen:
+            log.info("the hub runs again: stole %d message(s) for siblings", self.stolen)
+        self.stolen = 0
 
     def _return_replies(self) -> bool:
         """Send every answer a sibling returned to its client, on the rpc ROUTER; whether any was sent."""
@@ -217,6 +230,8 @@ class Relay:
                 message = [JOB, frames[1] if len(frames) == 2 else b""]
             else:
                 message = [CALL, *frames]
+            if not self.stolen:  # the first this episode: the relay needs the GIL often now
+                sys.setswitchinterval(STEAL_SWITCH_INTERVAL)
             dealer.send_multipart(message)  # writable (checked): it does not block
             if kind == JOB:
                 ints[self._row + HANDED] += 1
