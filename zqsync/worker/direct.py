@@ -32,7 +32,7 @@ from .inline import Reader
 from .intake import Keep, Report, StandaloneIntake, quiesce, serve_siblings, whole_worker_stats
 from .listeners import DirectBackend, bind_inherited
 from .seats import ACCOUNTED, ENDED, FREE, PID, STAMP_EVERY, TAKEN, TICK, WIDTH, now
-from .steal import LockedReader, Relay, stolen_endpoint
+from .steal import Relay, stolen_endpoint
 
 
 class DirectIntake(StandaloneIntake):
@@ -73,7 +73,7 @@ class DirectIntake(StandaloneIntake):
 
     def reader(self, sock: zmq.Socket) -> Reader:
         """Its relay also uses the jobs and rpc sockets: their readers hold the lock (``steal.py``)."""
-        reader = LockedReader(sock, self._lock) if sock is not self.stolen else Reader(sock)
+        reader = Reader(sock, self._lock if sock is not self.stolen else None)
         self._readers.append(reader)
         return reader
 

@@ -39,6 +39,8 @@ import gevent.pool
 import zmq
 from gevent.hub import Waiter
 
+from .._common import native_lock
+
 #: libev/libuv readiness flag for a read watcher.
 READ = 1
 #: Messages a reader takes in a row (each maybe run inline) before it lets the hub run.
@@ -55,10 +57,13 @@ class Reader:
 
     :param sock: the socket to read; its other users send with `reply`
         (or call `kick` after their own sends).
+    :param lock: a native lock every libzmq call on ``sock`` holds: another thread's too, which makes the
+        socket safe to share (a direct prefork child's relay, ``steal.py``); by default one of its own.
     """
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, lock: Any = None) -> None:
         self.sock = sock
+        self._lock = lock if lock is not None else native_lock()
         self.raw: zmq.Socket = zmq.Socket.shadow(sock.underlying)
         _quiet(sock)
         self._hub = gevent.get_hub()
@@ -75,19 +80,23 @@ class Reader:
         hub must still run signals, the watchdog and the other sockets' greenlets."""
         self._fair()
         while True:
-            try:
-                return self.raw.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                self._wait()
+            with self._lock:
+                try:
+                    return self.raw.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            self._wait()
 
     def recv_multipart(self) -> list[bytes]:
         """One message's frames; blocks and yields as `recv` does."""
         self._fair()
         while True:
-            try:
-                return self.raw.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                self._wait()
+            with self._lock:
+                try:
+                    return self.raw.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            self._wait()
 
     def _fair(self) -> None:
         self._streak += 1
@@ -107,9 +116,10 @@ class Reader:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         raw = self.raw
         try:
-            for frame in envelope:
-                _send(raw, frame, _MORE)
-            _send(raw, body, _LAST)
+            with self._lock:
+                for frame in envelope:
+                    _send(raw, frame, _MORE)
+                _send(raw, body, _LAST)
         finally:
             self.kick()
 
@@ -130,8 +140,10 @@ class Reader:
             waiter.switch(None)
 
     def _readable(self) -> bool:
-        """Whether a message waits (or the socket closed: a read then fails)."""
-        return self.sock.closed or bool(cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN)
+        """Whether a message waits (or the socket closed: a read then fails). Holds the lock, never across the
+        wake-up: the woken reader takes it itself."""
+        with self._lock:
+            return self.sock.closed or bool(cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN)
 
     def _wait(self) -> None:
         self._streak = 0

@@ -19,7 +19,7 @@ was sent since its last stamp, and its DEALER writable): it never drops what it 
 blocked or full, the work stays queued where it is.
 
 libzmq sockets are not thread-safe, but one may pass between threads through a full memory barrier: every
-use of the ROUTERs, by the hub (`LockedReader`) and by the relay, holds one native lock. The hub's
+use of the ROUTERs, by the hub (its `Reader`s) and by the relay, holds one native lock. The hub's
 receivers park on the sockets' edge-triggered descriptors, which a read or send by the relay can consume,
 so after it touched them the relay wakes the hub (a libev async watcher) to give its parked readers a look
 (`Reader.kick`). The relay needs the GIL: a task in pure Python gives it up every switch interval, and the
@@ -40,7 +40,6 @@ from typing import Any, Callable, Optional, cast
 import zmq
 
 from .._common import native_lock
-from .inline import Reader
 from .seats import FREE, HANDED, PID, STOLEN, TICK, WIDTH, Seats, now
 from .watchdog import _original
 
@@ -59,42 +58,6 @@ JOB, CALL = b"j", b"c"
 def stolen_endpoint(directory: str, pid: int) -> str:
     """The stolen-work ROUTER of the child ``pid``."""
     return f"ipc://{directory}/stolen-{pid}"
-
-
-class LockedReader(Reader):
-    """A `Reader` whose socket a `Relay` also uses: every libzmq call on it holds ``lock``."""
-
-    def __init__(self, sock: zmq.Socket, lock: Any) -> None:
-        super().__init__(sock)
-        self._lock = lock
-
-    def recv(self) -> bytes:
-        self._fair()
-        while True:
-            with self._lock:
-                try:
-                    return self.raw.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-            self._wait()
-
-    def recv_multipart(self) -> list[bytes]:
-        self._fair()
-        while True:
-            with self._lock:
-                try:
-                    return self.raw.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-            self._wait()
-
-    def reply(self, envelope: list[bytes], body: bytes) -> None:
-        with self._lock:
-            super().reply(envelope, body)
-
-    def _readable(self) -> bool:
-        with self._lock:  # not around the wake-up: the reader then takes the lock itself
-            return super()._readable()
 
 
 class Relay:
@@ -285,4 +248,4 @@ class Relay:
         return dealer
 
 
-__all__ = ["CALL", "JOB", "STEAL_AFTER", "LockedReader", "Relay", "stolen_endpoint"]
+__all__ = ["CALL", "JOB", "STEAL_AFTER", "Relay", "stolen_endpoint"]
