@@ -213,3 +213,27 @@ def test_stolen_calls_answer_their_own_clients(zq_worker, tmp_path):
         assert [value for value, _ in replies] == [f"{name}-{index}" for index in range(10)]
         assert blocked not in {pid for _, pid in replies}
     assert seconds < slack(BLOCK / 2)
+
+
+def test_direct_jobs_overflow_to_the_free_child(zq_worker, tmp_path):
+    """A child whose task slots are all busy (its hub free) hands the plain jobs queued on its connections to
+    a sibling with free slots, once they have been full for ``STEAL_AFTER``: 20 quick jobs sent to its own
+    address run on the sibling while its naps go on."""
+    worker = zq_worker(TASKS, extra_args=DIRECT, concurrency=2)
+    wait_for(lambda: len(children_of(worker.pid)) == 2, what="two children")
+    address = slot_endpoint(worker.endpoint, 0)
+    naps, target = tmp_path / "naps", tmp_path / "ran"
+    with zqsync.Client(address, call_timeout=slack(5.0)) as client:
+        full = client.call("whoami")
+        for _ in range(2):
+            client.enqueue("nap", BLOCK, str(naps))
+        wait_for(lambda: ran_pids(naps) == [str(full)] * 2, what="both of its slots to nap")
+        began = time.monotonic()
+        for _ in range(QUICK):
+            client.enqueue("record", str(target))
+        ran = wait_for(lambda: len(ran_pids(target)) == QUICK and ran_pids(target), timeout=BLOCK * 3,
+                       what=f"all {QUICK} jobs to run")
+        seconds = time.monotonic() - began
+    print(f"{QUICK} quick jobs with one direct child's slots full: {seconds:.3f} s")
+    assert str(full) not in ran
+    assert seconds < slack(BLOCK / 2), f"{QUICK} quick jobs took {seconds:.1f} s: some waited for a free slot there"

@@ -14,6 +14,11 @@ reads to a sibling whose stamp is fresh and that has free task slots, over a DEA
   back to the relay's DEALER, and the relay sends it on the rpc ROUTER the request came from (the client's
   connection lives there), whether or not the hub runs again by then.
 
+*Overflow:* while the hub runs but its stamps have said for `STEAL_AFTER` seconds that every task slot is
+busy, the jobs receiver reads no job (it waits for a slot: ``receiving.py``), and the relay hands the plain
+jobs queued on the jobs ROUTER to a sibling with free slots the same way. Calls are not taken then: the
+hub keeps reading them (they wait for a slot in greenlets), so there they stay.
+
 The relay reads a message only when a sibling can take it (fresh, with free slots not yet used up by what
 was sent since its last stamp, and its DEALER writable): it never drops what it read. If every sibling is
 blocked or full, the work stays queued where it is.
@@ -86,6 +91,7 @@ class Relay:
         self._running = True
         self._done = native_lock()
         self._switch = sys.getswitchinterval()
+        self._full_since: Optional[float] = None  # when the hub's stamps began to say every slot is busy
         self.stolen = 0  # messages forwarded (the relay's own count, for the log)
 
     def start(self) -> None:
@@ -115,21 +121,24 @@ class Relay:
                 if blocked != stealing:
                     stealing = blocked
                     self._switched(stealing)
+                overflow = self._steal and not blocked and self._full_for() > STEAL_AFTER
                 self._connect_siblings()
                 poller = zmq.Poller()
                 for _, dealer in self._dealers.values():
                     poller.register(dealer, zmq.POLLIN)
-                if stealing and self._target() is not None:  # else the sockets' input waits: no busy loop on it
-                    for sock in (self._jobs, self._rpc):
+                if (stealing or overflow) and self._target() is not None:  # else no busy loop on waiting input
+                    for sock in (self._jobs, self._rpc) if stealing else (self._jobs,):
                         poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
-                wait = STEAL_POLL if stealing else IDLE_POLL
+                wait = STEAL_POLL if stealing or overflow else IDLE_POLL
                 if poller.sockets:
                     poller.poll(int(1000 * wait))
                 else:
                     sleep(wait)  # zmq_poll of nothing returns at once
                 touched = self._return_replies()
                 if stealing:
-                    touched = self._take(self._rpc, CALL) | self._take(self._jobs, JOB) | touched
+                    touched = self._take(self._rpc, CALL, True) | self._take(self._jobs, JOB, True) | touched
+                elif overflow:
+                    touched = self._take(self._jobs, JOB, False) | touched
                 if touched:
                     self._wake()
         except Exception:
@@ -139,6 +148,15 @@ class Relay:
             for _, dealer in self._dealers.values():
                 dealer.close(linger=0)
             self._done.release()
+
+    def _full_for(self) -> float:
+        """Seconds for which the hub's stamps have said every task slot is busy (0 if one is free)."""
+        if self._seats.ints[self._row + FREE] > 0:
+            self._full_since = None
+            return 0.0
+        if self._full_since is None:
+            self._full_since = now()
+        return now() - self._full_since
 
     def _switched(self, stealing: bool) -> None:
         """The hub stopped stamping (``stealing``) or stamps again: log it, and restore the switch interval."""
@@ -170,8 +188,9 @@ class Relay:
                 sent = True
         return sent
 
-    def _take(self, sock: zmq.Socket, kind: bytes) -> bool:
-        """Read from ``sock`` and forward, while a sibling can take it; whether anything was read."""
+    def _take(self, sock: zmq.Socket, kind: bytes, blocked: bool) -> bool:
+        """Read from ``sock`` and forward, while a sibling can take it; whether anything was read. ``blocked``:
+        the hub is (else its slots are full), and the relay needs the GIL often."""
         took = False
         while self._running:
             target = self._target()
@@ -193,7 +212,7 @@ class Relay:
                 message = [JOB, frames[1] if len(frames) == 2 else b""]
             else:
                 message = [CALL, *frames]
-            if not self.stolen:  # the first this episode: the relay needs the GIL often now
+            if blocked and not self.stolen:  # the first this episode: the relay needs the GIL often now
                 sys.setswitchinterval(STEAL_SWITCH_INTERVAL)
             dealer.send_multipart(message)  # writable (checked): it does not block
             if kind == JOB:
