@@ -22,8 +22,8 @@ import mmap
 import time
 from typing import Optional
 
-#: Seconds between two stamps of a child's hub.
-STAMP_EVERY = 0.01
+#: Seconds between two stamps of a child's hub (a sibling's relay needs one within ``steal.STEAL_AFTER``).
+STAMP_EVERY = 0.02
 #: Fields of a row, in order (8 bytes each; ``tick`` is a double, the rest signed integers).
 FIELDS = ("pid", "tick", "free", "taken", "ended", "stolen", "handed", "accounted")
 PID, TICK, FREE, TAKEN, ENDED, STOLEN, HANDED, ACCOUNTED = range(len(FIELDS))

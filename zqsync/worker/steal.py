@@ -30,7 +30,8 @@ so after it touched them the relay wakes the hub (a libev async watcher) to give
 (`Reader.kick`). The relay needs the GIL: a task in pure Python gives it up every switch interval, and the
 relay shortens that interval once it has forwarded work (`STEAL_SWITCH_INTERVAL`, until the hub stamps
 again) so that each of its steps does not wait 5 ms; a C call that holds the GIL stops the relay too (the
-watchdog's hard limit ends it). An idle relay wakes every `IDLE_POLL` seconds (or on a sibling's answer);
+watchdog's hard limit ends it). An idle relay sleeps `IDLE_POLL` seconds at a time (it polls its DEALERs
+only while an answer is due);
 a stealing one polls the sockets only while a sibling can take work, so a healthy child that merely looks
 blocked (its process was descheduled) costs a few wake-ups, not a busy loop.
 """
@@ -56,6 +57,8 @@ STEAL_AFTER = 0.05
 STEAL_POLL, IDLE_POLL = 0.005, 0.02
 #: The interpreter's switch interval while a relay steals (seconds; restored after).
 STEAL_SWITCH_INTERVAL = 0.0005
+#: Seconds between two looks for siblings to connect to (a new child's row in the seats).
+RECONNECT_EVERY = 0.5
 #: The first frame of forwarded work.
 JOB, CALL = b"j", b"c"
 
@@ -84,6 +87,8 @@ class Relay:
         self._lock, self._seats, self._seat, self._directory, self._wake = lock, seats, seat, directory, wake
         self._row = seat * WIDTH
         self._dealers: dict[int, tuple[int, zmq.Socket]] = {}  # seat -> (pid, DEALER to its stolen-work socket)
+        self._poller = zmq.Poller()  # the DEALERs (and, while stealing, the ROUTERs' descriptors)
+        self._awaiting = 0  # rpc messages forwarded and not answered yet: the DEALERs are polled meanwhile
         self._sent: dict[int, list[float]] = {}  # seat -> [its stamp when counted, work sent since]
         #: Routing ids of the clients whose jobs were stolen (the hub remembers them for its stopping notice).
         self.senders: collections.deque[bytes] = collections.deque(maxlen=10_000)
@@ -114,26 +119,19 @@ class Relay:
 
     def _run(self) -> None:
         stealing = False
-        sleep = _original("time", "sleep")
+        sleep, connected = _original("time", "sleep"), 0.0
         try:
             while self._running:
-                blocked = self._steal and now() - self._seats.floats[self._row + TICK] > STEAL_AFTER
+                at = now()
+                if at >= connected + RECONNECT_EVERY:
+                    connected = at
+                    self._connect_siblings()
+                blocked = self._steal and at - self._seats.floats[self._row + TICK] > STEAL_AFTER
                 if blocked != stealing:
                     stealing = blocked
                     self._switched(stealing)
                 overflow = self._steal and not blocked and self._full_for() > STEAL_AFTER
-                self._connect_siblings()
-                poller = zmq.Poller()
-                for _, dealer in self._dealers.values():
-                    poller.register(dealer, zmq.POLLIN)
-                if (stealing or overflow) and self._target() is not None:  # else no busy loop on waiting input
-                    for sock in (self._jobs, self._rpc) if stealing else (self._jobs,):
-                        poller.register(sock.getsockopt(zmq.FD), zmq.POLLIN)
-                wait = STEAL_POLL if stealing or overflow else IDLE_POLL
-                if poller.sockets:
-                    poller.poll(int(1000 * wait))
-                else:
-                    sleep(wait)  # zmq_poll of nothing returns at once
+                self._wait(stealing, overflow, sleep)
                 touched = self._return_replies()
                 if stealing:
                     touched = self._take(self._rpc, CALL, True) | self._take(self._jobs, JOB, True) | touched
@@ -148,6 +146,28 @@ class Relay:
             for _, dealer in self._dealers.values():
                 dealer.close(linger=0)
             self._done.release()
+
+    def _wait(self, stealing: bool, overflow: bool, sleep: Callable[[float], None]) -> None:
+        """Wait for a sibling's answer, and while stealing (or overflowing) for input on the ROUTERs that a
+        sibling can take; else (zmq_poll of nothing returns at once) sleep."""
+        wait = STEAL_POLL if stealing or overflow else IDLE_POLL
+        if not (stealing or overflow or self._awaiting):  # idle: one nanosleep, no poll of the DEALERs
+            sleep(wait)
+            return
+        fds: tuple[int, ...] = ()
+        if (stealing or overflow) and self._target() is not None:  # else no busy loop on input waiting there
+            fds = tuple(cast(int, sock.getsockopt(zmq.FD))
+                        for sock in ((self._jobs, self._rpc) if stealing else (self._jobs,)))
+        for fd in fds:
+            self._poller.register(fd, zmq.POLLIN)
+        try:
+            if self._poller.sockets:
+                self._poller.poll(int(1000 * wait))
+            else:
+                sleep(wait)
+        finally:
+            for fd in fds:
+                self._poller.unregister(fd)
 
     def _full_for(self) -> float:
         """Seconds for which the hub's stamps have said every task slot is busy (0 if one is free)."""
@@ -178,6 +198,7 @@ class Relay:
                     frames = dealer.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                self._awaiting = max(0, self._awaiting - 1)
                 with self._lock:
                     try:
                         self._rpc.send_multipart(frames, zmq.NOBLOCK)
@@ -217,6 +238,8 @@ class Relay:
             dealer.send_multipart(message)  # writable (checked): it does not block
             if kind == JOB:
                 ints[self._row + HANDED] += 1
+            else:
+                self._awaiting += 1
             self._sent[seat][1] += 1
             self.stolen += 1
         return took
@@ -258,12 +281,14 @@ class Relay:
         if known is not None and known[0] == pid:
             return known[1]
         if known is not None:
+            self._poller.unregister(known[1])
             known[1].close(linger=0)
         dealer = self._context.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.IMMEDIATE, 1)  # writable only once connected: nothing waits for a peer
         dealer.connect(stolen_endpoint(self._directory, pid))
         self._dealers[seat] = (pid, dealer)
+        self._poller.register(dealer, zmq.POLLIN)
         return dealer
 
 
