@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Optional, Union
 
 import gevent
+import gevent.event
 import gevent.pool
 import zmq
 
@@ -86,6 +87,9 @@ class Core:
         self._slots = gevent.pool.Pool(self.concurrency)
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
+        self._stolen: collections.deque[bytes] = collections.deque()  # stolen plain jobs waiting for a slot
+        self._stolen_ready = gevent.event.Event()  # set when one is added (receiving.py)
+        self._stolen_starter: list[gevent.Greenlet] = []  # the greenlet that starts them
         self._waiting = gevent.pool.Pool(WAITING_CALLS)
         self._admin = gevent.pool.Pool(ADMIN_CALLS)
         self._long_polls = gevent.pool.Pool(LONG_POLLS)

@@ -32,7 +32,7 @@ from .inline import Reader
 from .intake import Keep, Report, StandaloneIntake, quiesce, serve_siblings, whole_worker_stats
 from .listeners import DirectBackend, bind_inherited
 from .seats import ACCOUNTED, ENDED, FREE, PID, STAMP_EVERY, TAKEN, TICK, WIDTH, now
-from .steal import Relay, stolen_endpoint
+from .steal import LINGER, Relay, stolen_endpoint
 
 
 class DirectIntake(StandaloneIntake):
@@ -63,7 +63,7 @@ class DirectIntake(StandaloneIntake):
         endpoint = super().open(context, jobs, rpc, report)
         serve_siblings(self, context, self.backend.directory, report)
         self.stolen = context.socket(zmq.ROUTER)
-        self.stolen.setsockopt(zmq.LINGER, 0)
+        self.stolen.setsockopt(zmq.LINGER, LINGER)  # the last answers to siblings' relays still go out
         self.stolen.bind(stolen_endpoint(self.backend.directory, os.getpid()))
         self.sockets.append(self.stolen)
         self.backend.seats.ints[self._row + PID] = os.getpid()
@@ -179,6 +179,8 @@ class DirectIntake(StandaloneIntake):
             watcher.stop()
         self._watchers = []
         self.backend.seats.ints[self._row + ACCOUNTED] = 1
+        if self.stolen is not None:
+            self.stolen.close()  # with its linger, not the intake's 0
         super().close()
 
     def stats(self, local: Report, report: Report) -> dict[str, Any]:

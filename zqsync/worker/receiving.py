@@ -92,7 +92,8 @@ class Receiving(Core):
         """Run the work a blocked sibling's relay forwards (``steal.py``): a plain job as this worker's own, in
         a slot; an rpc message as if read on the rpc socket, answered on the stolen-work socket (its relay
         sends the answer to the client). Stolen work never runs inline: the jobs and rpc receivers keep
-        their roles."""
+        their roles, and a job waits for its slot in a queue that `_start_stolen` feeds from (a stop moves
+        what is left to the backlog), so this one keeps reading."""
         reader = self._readers[2]
         while True:
             frames = reader.recv_multipart()
@@ -101,13 +102,24 @@ class Receiving(Core):
                 if self._stopping:
                     self._backlog.append(frames[2])
                 else:
-                    self._wait_for_slot(frames[2])
+                    self._stolen.append(frames[2])
+                    self._stolen_ready.set()
             elif len(frames) >= 3 and frames[1] == CALL:
                 envelope = [frames[0], frames[2]]
                 self._note_identity(frames[2])
                 self._receive_call(envelope, self._decode(frames[2:]), inline=False)
             else:
                 self.runner.counters["malformed"] += 1
+
+    def _start_stolen(self) -> None:
+        """Start the stolen plain jobs, oldest first, as slots free up (a greenlet; a stop kills it: a job it
+        took waits for its slot in the backlog, `_wait_for_slot`)."""
+        while True:
+            while not self._stolen:
+                self._stolen_ready.clear()
+                self._stolen_ready.wait()
+            self._slots.wait_available()
+            self._wait_for_slot(self._stolen.popleft())
 
     def _inline(self, index: int, fn: Any, *args: Any) -> bool:
         """Run ``fn(*args)`` in receiver ``index`` (0: jobs, 1: rpc), which holds a free slot. If it

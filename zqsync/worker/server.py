@@ -112,7 +112,7 @@ class Worker(Receiving, Shutdown):
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.intake.greenlets, *self.scheduler.greenlets(),
                   *self.watchdog.greenlets(), *self._slots.greenlets, *self._calls.greenlets,
-                  *self._waiting.greenlets, *self._admin.greenlets, *self._long_polls.greenlets,
+                  *self._waiting.greenlets, *self._admin.greenlets, *self._long_polls.greenlets, *self._stolen_starter,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:
@@ -154,6 +154,7 @@ class Worker(Receiving, Shutdown):
         self._receivers += self._queue_receivers
         if stolen is not None:
             self._receivers.append(gevent.spawn(self._receive_stolen))
+            self._stolen_starter.append(gevent.spawn(self._start_stolen))
         for queue in self.queues:
             log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
         self.intake.start(self._slots, self._admissions)

@@ -59,6 +59,8 @@ STEAL_POLL, IDLE_POLL = 0.005, 0.02
 STEAL_SWITCH_INTERVAL = 0.0005
 #: Seconds between two looks for siblings to connect to (a new child's row in the seats).
 RECONNECT_EVERY = 0.5
+#: Milliseconds a closed DEALER (or stolen-work ROUTER) keeps flushing what it had queued.
+LINGER = 1000
 #: The first frame of forwarded work.
 JOB, CALL = b"j", b"c"
 
@@ -118,7 +120,7 @@ class Relay:
     # -- the thread ----------------------------------------------------------
 
     def _run(self) -> None:
-        stealing = False
+        stealing = overflowing = False
         sleep, connected = _original("time", "sleep"), 0.0
         try:
             while self._running:
@@ -131,6 +133,10 @@ class Relay:
                     stealing = blocked
                     self._switched(stealing)
                 overflow = self._steal and not blocked and self._full_for() > STEAL_AFTER
+                if overflowing and not overflow and self.stolen:
+                    log.info("its task slots are free again: handed %d queued job(s) to siblings", self.stolen)
+                    self.stolen = 0
+                overflowing = overflow
                 self._wait(stealing, overflow, sleep)
                 touched = self._return_replies()
                 if stealing:
@@ -144,7 +150,7 @@ class Relay:
         finally:
             sys.setswitchinterval(self._switch)
             for _, dealer in self._dealers.values():
-                dealer.close(linger=0)
+                dealer.close()
             self._done.release()
 
     def _wait(self, stealing: bool, overflow: bool, sleep: Callable[[float], None]) -> None:
@@ -280,11 +286,11 @@ class Relay:
         known = self._dealers.get(seat)
         if known is not None and known[0] == pid:
             return known[1]
-        if known is not None:
+        if known is not None:  # its child is gone: what is queued to it cannot be delivered
             self._poller.unregister(known[1])
             known[1].close(linger=0)
         dealer = self._context.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.LINGER, LINGER)  # what it forwarded still reaches the sibling after a close
         dealer.setsockopt(zmq.IMMEDIATE, 1)  # writable only once connected: nothing waits for a peer
         dealer.connect(stolen_endpoint(self._directory, pid))
         self._dealers[seat] = (pid, dealer)
