@@ -78,22 +78,18 @@ class Reader:
         Every `YIELD_EVERY` messages read without waiting it yields to the hub first (before
         reading, so a greenlet killed there holds no message): under a flood of tasks run inline, the
         hub must still run signals, the watchdog and the other sockets' greenlets."""
-        self._fair()
-        while True:
-            with self._lock:
-                try:
-                    return self.raw.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
-            self._wait()
+        return cast(bytes, self._read(self.raw.recv))
 
     def recv_multipart(self) -> list[bytes]:
         """One message's frames; blocks and yields as `recv` does."""
+        return cast(list, self._read(self.raw.recv_multipart))
+
+    def _read(self, receive: Callable[[int], Any]) -> Any:
         self._fair()
         while True:
             with self._lock:
                 try:
-                    return self.raw.recv_multipart(zmq.NOBLOCK)
+                    return receive(zmq.NOBLOCK)
                 except zmq.Again:
                     pass
             self._wait()
