@@ -32,9 +32,10 @@ rule numbers below refer to it.
   `PoolError`, never aborts (rule 10).
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
   sockets (rule 12, ``transport.py``).
-* A send-only pool's context starts its libzmq I/O thread under Linux's
-  ``SCHED_BATCH`` when that is safe (``iosched.py``): a job's wake-up no
-  longer preempts the caller, and jobs queued meanwhile leave in one write.
+* A pool's context starts its libzmq I/O thread under Linux's
+  ``SCHED_BATCH`` when that is safe (``iosched.py``): a job's or a request's
+  wake-up no longer preempts the caller, and what was queued meanwhile leaves
+  in one write.
 
 ``Client.enqueue`` first tries ``express.py``: one non-blocking send on an
 idle socket of the bucket, in place under this pool's lock, declining to the
@@ -79,6 +80,7 @@ from ..settings import ClientSettings
 from . import iosched, lifecycle
 from .owner import Owner, current_owner
 from .permits import new_permits
+from .process import getpid
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +210,7 @@ class SocketPool:
             context = zmq.Context(io_threads=1)
             limit = context.get(zmq.SOCKET_LIMIT)
             context.set(zmq.MAX_SOCKETS, min(self.max_sockets, limit))
-            if self.send_only:
-                iosched.batch_io_threads(context)  # jobs leave in batches, not one wake-up each (iosched.py)
+            iosched.batch_io_threads(context)  # requests and replies move in batches, not a wake-up each (iosched.py)
             self._context = context
         return context
 
@@ -249,7 +250,7 @@ class SocketPool:
         Use the result in a ``with`` statement at once: the slot is taken
         when ``lease`` returns and given back when the block ends.
         """
-        pid = os.getpid()
+        pid = getpid()
         holder = self._check_can_lease(pid)
         if len(self._owners) > 1 and time.monotonic() >= self._next_sweep:
             self._sweep()
