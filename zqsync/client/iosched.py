@@ -1,4 +1,4 @@
-"""The pools' libzmq I/O threads run under ``SCHED_BATCH``: they batch instead of preempting the caller.
+"""The job pools' libzmq I/O thread runs under ``SCHED_BATCH``: it batches jobs instead of preempting the caller.
 
 Each enqueue hands one frame to libzmq. When its I/O thread has drained the
 pipe, that frame wakes it (an ``eventfd`` write), and under the default
@@ -16,16 +16,8 @@ sends every frame queued meanwhile in one write. Its CPU share is unchanged
 I/O-thread CPU per job from about 20 us to 2-3 us, and the worker reads
 batches too. The cost: when the process keeps its CPU busy, a job may leave
 up to one scheduler slice (milliseconds) later; with a free CPU the thread
-is woken there as before.
-
-Call pools do the same. A call's caller waits for its reply anyway: a plain
-thread blocks in the receive at once, which lets the I/O thread run, and a
-gevent hub runs its other ready greenlets first, whose requests then leave
-in the same write, and whose replies come back in the same wake-up. In a
-``gunicorn -k gevent -w 2`` web process under ``wrk -c50`` on ``/call``, the
-context switches per request went from 4.1 to 1.8 and the web processes'
-CPU per request down by 17% (6 interleaved rounds, ``benchmarks/bench_gunicorn.py``'s
-layout, docs/design.md).
+is woken there as before. Call sockets, whose round trip waits for the
+thread, keep the default policy (their pools have contexts of their own).
 
 libzmq applies the policy inside the new thread and aborts the process if
 the kernel refuses it, so it is requested only when it cannot fail: the

@@ -32,10 +32,9 @@ rule numbers below refer to it.
   `PoolError`, never aborts (rule 10).
 * Every socket has a bounded linger (rule 11); waits are gevent-level for green
   sockets (rule 12, ``transport.py``).
-* A pool's context starts its libzmq I/O thread under Linux's
-  ``SCHED_BATCH`` when that is safe (``iosched.py``): a job's or a request's
-  wake-up no longer preempts the caller, and what was queued meanwhile leaves
-  in one write.
+* A send-only pool's context starts its libzmq I/O thread under Linux's
+  ``SCHED_BATCH`` when that is safe (``iosched.py``): a job's wake-up no
+  longer preempts the caller, and jobs queued meanwhile leave in one write.
 
 ``Client.enqueue`` first tries ``express.py``: one non-blocking send on an
 idle socket of the bucket, in place under this pool's lock, declining to the
@@ -210,7 +209,8 @@ class SocketPool:
             context = zmq.Context(io_threads=1)
             limit = context.get(zmq.SOCKET_LIMIT)
             context.set(zmq.MAX_SOCKETS, min(self.max_sockets, limit))
-            iosched.batch_io_threads(context)  # requests and replies move in batches, not a wake-up each (iosched.py)
+            if self.send_only:
+                iosched.batch_io_threads(context)  # jobs leave in batches, not one wake-up each (iosched.py)
             self._context = context
         return context
 
