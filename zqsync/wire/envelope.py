@@ -263,7 +263,7 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
     # and arguments that are scalars only; anything else goes through every check, which names the fault.
     if not (type(request_id) is str and 0 < len(request_id) <= MAX_ID and kind in KINDS
             and type(task) is str and 0 < len(task) <= MAX_TASK_NAME and type(args) is list
-            and type(kwargs) is dict and not kwargs and SCALAR_TYPES.issuperset(map(type, args))):
+            and type(kwargs) is dict and not kwargs and _scalars_only(map(type, args))):
         _check_text("id", request_id, MAX_ID)
         if kind not in KINDS:
             raise ProtocolError(f"field 'kind' must be one of {KINDS}, got {_short(kind)}")
