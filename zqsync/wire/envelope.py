@@ -256,23 +256,28 @@ def decode_request(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> Request:
     :raises ProtocolError: the frame is malformed; the message names the fault.
     """
     message = _unpack(data, max_size)
-    _check_str(message, "id", MAX_ID)
-    kind = message.get("kind")
-    if kind not in KINDS:
-        raise ProtocolError(f"field 'kind' must be one of {KINDS}, got {_short(kind)}")
-    task = _check_str(message, "task", MAX_TASK_NAME)
-    args = message.get("args", [])
-    kwargs = message.get("kwargs", {})
-    if not isinstance(args, list):
-        raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
-    _check_arguments(args, kwargs)
+    request_id: Any = message.get("id")
+    task: Any = message.get("task")
+    kind, args, kwargs = message.get("kind"), message.get("args", []), message.get("kwargs", {})
+    # The common request passes in one expression: exact types (msgpack decodes to exact str, list and dict),
+    # and arguments that are scalars only; anything else goes through every check, which names the fault.
+    if not (type(request_id) is str and 0 < len(request_id) <= MAX_ID and kind in KINDS
+            and type(task) is str and 0 < len(task) <= MAX_TASK_NAME and type(args) is list
+            and type(kwargs) is dict and not kwargs and _scalars_only(map(type, args))):
+        _check_text("id", request_id, MAX_ID)
+        if kind not in KINDS:
+            raise ProtocolError(f"field 'kind' must be one of {KINDS}, got {_short(kind)}")
+        _check_text("task", task, MAX_TASK_NAME)
+        if not isinstance(args, list):
+            raise ProtocolError(f"field 'args' must be a list, got {type(args).__name__}")
+        _check_arguments(args, kwargs)
     deadline, sent = message.get("deadline"), message.get("sent")
     expires = None
     if deadline is not None or sent is not None:
         deadline, sent = _check_seconds("deadline", deadline), _check_seconds("sent", sent)
         expires = _expires_at(deadline, sent, time.monotonic())
     options = _check_options(message["opts"]) if "opts" in message else {}
-    return Request(message["id"], kind, task, args, kwargs, options, deadline, sent, expires)
+    return Request(request_id, kind, task, args, kwargs, options, deadline, sent, expires)
 
 
 def _check_options(options: Any) -> dict[str, Any]:
