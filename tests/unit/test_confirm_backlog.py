@@ -9,13 +9,13 @@ import time
 
 import gevent
 import gevent.event
-import gevent.pool
 import msgpack
 import pytest
 
 from tests.helpers import slack
 from zqsync.wire import envelope
 from zqsync.worker import Registry
+from zqsync.worker.inline import TaskSlots
 from zqsync.worker.journal import Journal
 from zqsync.worker.runner import Runner
 from zqsync.worker.scheduler import build_scheduler
@@ -43,7 +43,7 @@ def _pending_rows(state_dir: str) -> int:
 
 @pytest.mark.timeout(60)
 def test_acknowledgements_past_the_backlog_bound_wait_for_a_free_place(tmp_path):
-    slots = gevent.pool.Pool(1)
+    slots = TaskSlots(1)
     gate = gevent.event.Event()
     slots.spawn(gate.wait)  # the only task slot is busy: jobs stay in the backlog
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", max_backlog=2, replay_interval=60.0)
@@ -91,7 +91,7 @@ def test_a_job_with_a_free_slot_costs_two_journal_operations_and_one_waiting_for
         return write_all(journal, jobs, outcomes, starts)
 
     monkeypatch.setattr(Journal, "write_all", counting)
-    slots = gevent.pool.Pool(1)
+    slots = TaskSlots(1)
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
@@ -124,7 +124,7 @@ def gated(key: str) -> None:
 def test_a_job_that_yields_hands_dispatching_over_so_later_jobs_start_beside_it(tmp_path):
     RAN.clear()
     GATE.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(3), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), TaskSlots(3), f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
     try:
@@ -150,7 +150,7 @@ def _row(state_dir: str, job_id: str) -> tuple:
 @pytest.mark.timeout(60)
 def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_plain_pending_rows(tmp_path):
     RAN.clear()
-    slots = gevent.pool.Pool(2)
+    slots = TaskSlots(2)
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
@@ -173,7 +173,7 @@ def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_p
 @pytest.mark.timeout(60)
 def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_sequential_confirmed_jobs(tmp_path):
     RAN.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), TaskSlots(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
     writer = scheduler._commits._writer
     fires: list[float] = []  # monotonic seconds of each real timer callback
     wake = writer._wake_for_deferred

@@ -23,7 +23,7 @@ from .. import _common, fdlimit
 from ..logs import RateLimitedLog
 from ..settings import WorkerSettings
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
-from .inline import Reader
+from .inline import Reader, TaskSlots
 from .intake import Intake, intake_for
 from .listeners import DirectBackend
 from .queues import build_queues
@@ -84,7 +84,7 @@ class Core:
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.started_at = time.time()
-        self._slots = gevent.pool.Pool(self.concurrency)
+        self._slots = TaskSlots(self.concurrency)
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
         self._stolen: collections.deque[bytes] = collections.deque()  # stolen plain jobs waiting for a slot

@@ -31,7 +31,6 @@ in a pool greenlet, since they act on the process's main thread.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional, cast
 
 import gevent
@@ -39,7 +38,7 @@ import gevent.pool
 import zmq
 from gevent.hub import Waiter
 
-from .._common import native_lock
+from .._common import native_lock, on_fork_in_child
 
 #: libev/libuv readiness flag for a read watcher.
 READ = 1
@@ -162,7 +161,40 @@ def _quiet(sock: zmq.Socket) -> None:
         watcher.stop()
 
 
-def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callable[..., Any], *args: Any) -> bool:
+class TaskSlots(gevent.pool.Pool):
+    """The worker's task slots: a ``gevent.pool.Pool`` that a task run inline also holds, cheaply.
+
+    `run_inline` holds a slot for the greenlet that runs the task with `hold` and gives it back with
+    `release`, in a ``finally``. ``Pool.add`` would also link the greenlet to the pool so that its death
+    frees the slot, and ``discard`` unlink it: a bound method made and a link list searched per task,
+    which cost about a tenth of a trivial plain job's CPU on the worker. Everything else is the
+    pool's own (``free_count``, ``wait_available``, ``spawn``, ``kill``, ``join``, membership).
+    It relies on the pool's semaphore (``_semaphore``) and discard hook (``_discard``), which gevent's
+    ``Pool`` has used since 1.0; `tests/unit/test_task_slots.py` holds it to the pool's contract.
+    """
+
+    def hold(self, greenlet: Any) -> None:
+        """Count ``greenlet`` as running in a slot; one must be free (never blocks).
+
+        :raises gevent.pool.PoolFull: every slot is taken.
+        """
+        if not self._semaphore.acquire(blocking=False):
+            raise gevent.pool.PoolFull()
+        self.greenlets.add(greenlet)
+        self._empty_event.clear()
+
+    def release(self, greenlet: Any) -> None:
+        """Give back the slot `hold` took for ``greenlet`` (as the pool does when a spawned greenlet ends)."""
+        self._discard(greenlet)
+
+
+#: Bumped in a forked child: a hand-off callback copied into a child by a task that forked must not run
+#: there (`run_inline`). A counter read, not ``os.getpid()``, which is a system call per task.
+_forks = [0]
+on_fork_in_child(lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+def run_inline(slots: TaskSlots, hand_off: Callable[[], None], fn: Callable[..., Any], *args: Any) -> bool:
     """Run ``fn(*args)`` in the calling greenlet, holding one slot of ``slots`` (which must have a free one).
 
     :param hand_off: called from the hub if ``fn`` yields before it returns: it must start a new
@@ -171,22 +203,23 @@ def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callab
     :returns: ``True`` if the caller is still the receiver, ``False`` if it handed off (it must then
         return once ``fn`` is done). Exceptions of ``fn`` propagate, after the slot is released.
     """
-    current, pid = gevent.getcurrent(), os.getpid()
-    handed: list[bool] = []
+    current, generation = gevent.getcurrent(), _forks[0]
+    handed = False
 
     def yielded() -> None:
-        handed.append(True)
-        if os.getpid() == pid:  # a task that forked: its child must never take over the worker's sockets
+        nonlocal handed
+        handed = True
+        if _forks[0] == generation:  # a task that forked: its child must never take over the worker's sockets
             hand_off()
 
-    slots.add(current)
+    slots.hold(current)
     callback = gevent.get_hub().loop.run_callback(yielded)
     try:
         fn(*args)
     finally:
         callback.stop()
-        slots.discard(current)
+        slots.release(current)
     return not handed
 
 
-__all__ = ["Reader", "run_inline"]
+__all__ = ["Reader", "TaskSlots", "run_inline"]
