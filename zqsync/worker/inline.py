@@ -38,7 +38,7 @@ import gevent.pool
 import zmq
 from gevent.hub import Waiter
 
-from .._common import on_fork_in_child
+from .._common import native_lock, on_fork_in_child
 
 #: libev/libuv readiness flag for a read watcher.
 READ = 1
@@ -56,10 +56,13 @@ class Reader:
 
     :param sock: the socket to read; its other users send with `reply`
         (or call `kick` after their own sends).
+    :param lock: a native lock every libzmq call on ``sock`` holds: another thread's too, which makes the
+        socket safe to share (a direct prefork child's relay, ``steal.py``); by default one of its own.
     """
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, lock: Any = None) -> None:
         self.sock = sock
+        self._lock = lock if lock is not None else native_lock()
         self.raw: zmq.Socket = zmq.Socket.shadow(sock.underlying)
         _quiet(sock)
         self._hub = gevent.get_hub()
@@ -74,21 +77,21 @@ class Reader:
         Every `YIELD_EVERY` messages read without waiting it yields to the hub first (before
         reading, so a greenlet killed there holds no message): under a flood of tasks run inline, the
         hub must still run signals, the watchdog and the other sockets' greenlets."""
-        self._fair()
-        while True:
-            try:
-                return self.raw.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                self._wait()
+        return cast(bytes, self._read(self.raw.recv))
 
     def recv_multipart(self) -> list[bytes]:
         """One message's frames; blocks and yields as `recv` does."""
+        return cast(list, self._read(self.raw.recv_multipart))
+
+    def _read(self, receive: Callable[[int], Any]) -> Any:
         self._fair()
         while True:
-            try:
-                return self.raw.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                self._wait()
+            with self._lock:
+                try:
+                    return receive(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            self._wait()
 
     def _fair(self) -> None:
         self._streak += 1
@@ -108,9 +111,10 @@ class Reader:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         raw = self.raw
         try:
-            for frame in envelope:
-                _send(raw, frame, _MORE)
-            _send(raw, body, _LAST)
+            with self._lock:
+                for frame in envelope:
+                    _send(raw, frame, _MORE)
+                _send(raw, body, _LAST)
         finally:
             self.kick()
 
@@ -126,9 +130,15 @@ class Reader:
         """In the hub: wake the parked reader if a message waits (or the socket closed: it then fails)."""
         self._looking = False
         waiter = self._waiter
-        if waiter is not None and (self.sock.closed or cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN):
+        if waiter is not None and self._readable():
             self._waiter = None
             waiter.switch(None)
+
+    def _readable(self) -> bool:
+        """Whether a message waits (or the socket closed: a read then fails). Holds the lock, never across the
+        wake-up: the woken reader takes it itself."""
+        with self._lock:
+            return self.sock.closed or bool(cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN)
 
     def _wait(self) -> None:
         self._streak = 0
