@@ -53,7 +53,7 @@ from .journal_api import (
     Start,
     joined,
 )
-from .journal_pg_batch import Batch
+from .journal_pg_batch import WRITER_SETTINGS, Batch, register_arrays
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,9 @@ _start_thread = monkey.get_original("_thread", "start_new_thread")
 
 #: Seconds a lease lasts unless renewed (the takeover time is about this plus the replay interval).
 LEASE = 10.0
+#: Seconds the writer inserts with ``ON CONFLICT DO NOTHING`` after a batch met a duplicate id
+#: (``journal_pg_batch.py``): duplicates tend to come together (a client's resends, a failover).
+SAFE_FOR = 10.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS zqsync_jobs (
@@ -146,18 +149,26 @@ class PostgresJournal(JournalBackend):
         self._renewed: Optional[Any] = None  # held while it runs
         self._pid = os.getpid()  # a forked child must neither use nor close the parent's session
         self._db = self._connect()
+        self._write_lock = native_lock()
+        self._writer: Optional[psycopg.Connection] = None  # write_all's own session, opened by the first
+        self._safe_until = 0.0  # time.monotonic() until which new jobs are inserted ON CONFLICT DO NOTHING
         with self._lock, self._db.transaction():
             self._db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             self._db.execute(SCHEMA)
 
-    def _connect(self) -> psycopg.Connection:
+    def _connect(self, writer: bool = False) -> psycopg.Connection:
         """A new session. Every statement is planned for its own parameters (``force_custom_plan``): psycopg
         prepares a statement on its 6th run, and the plan PostgreSQL then keeps for any parameters (a generic
         plan, which knows neither the batch's size nor the table's growth since its statistics were taken)
-        joined a batch's arrays to the whole table, one sequential scan per batch."""
+        joined a batch's arrays to the whole table, one sequential scan per batch. The ``writer`` session
+        (`write_all`, `probe`) plans its statements once instead, under ``journal_pg_batch.WRITER_SETTINGS``,
+        and sends its arrays in binary, UTF-8."""
         db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.busy_timeout)),
-                             application_name="zqsync")
-        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; SET plan_cache_mode = force_custom_plan")
+                             application_name="zqsync", client_encoding="UTF8")
+        plans = WRITER_SETTINGS if writer else "SET plan_cache_mode = force_custom_plan"
+        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; {plans}")
+        if writer:
+            register_arrays(db)
         return db
 
     def _transaction(self, work: Callable[[psycopg.Connection], Any], atomic: bool = True) -> Any:
@@ -168,10 +179,23 @@ class PostgresJournal(JournalBackend):
         with self._lock:
             if self._db.closed or self._db.broken:
                 self._db = self._connect()
-            if not atomic:
-                return work(self._db)
-            with self._db.transaction():
-                return work(self._db)
+            return self._run(self._db, work, atomic)
+
+    def _write(self, work: Callable[[psycopg.Connection], Any], atomic: bool = True) -> Any:
+        """`_transaction` on the writer session (opened on first use)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError("this PostgreSQL journal connection belongs to the process that opened it")
+        with self._write_lock:
+            if self._writer is None or self._writer.closed or self._writer.broken:
+                self._writer = self._connect(writer=True)
+            return self._run(self._writer, work, atomic)
+
+    @staticmethod
+    def _run(db: psycopg.Connection, work: Callable[[psycopg.Connection], Any], atomic: bool) -> Any:
+        if not atomic:
+            return work(db)
+        with db.transaction():
+            return work(db)
 
     def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         return list(self._transaction(lambda db: db.execute(query, params).fetchall()))
@@ -237,31 +261,38 @@ class PostgresJournal(JournalBackend):
 
     def probe(self) -> None:
         """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as `write_all`."""
-        self._transaction(lambda db: db.execute(
+        self._write(lambda db: db.execute(
             "INSERT INTO zqsync_probes (owner, at) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE SET at = EXCLUDED.at",
             (self.token or "", time.time())))
 
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """`JournalBackend.write_all` in one PostgreSQL transaction: most often one statement
-        (``journal_pg_batch.py``).
+        """`JournalBackend.write_all` in one PostgreSQL transaction on the writer session: most often one
+        statement (``journal_pg_batch.py``). A batch that meets a duplicate id is written again with
+        ``ON CONFLICT DO NOTHING``, as are those of the next `SAFE_FOR` seconds.
 
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
         batch = Batch(self.token, jobs, outcomes, starts)
+        try:
+            return self._write_batch(batch, time.monotonic() < self._safe_until)
+        except psycopg.errors.UniqueViolation:
+            self._safe_until = time.monotonic() + SAFE_FOR
+            return self._write_batch(batch, True)
 
+    def _write_batch(self, batch: Batch, safe: bool) -> tuple[list[Optional[str]], set[str]]:
         def at_once(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
-            inserted, counted = batch.at_once_rows(db)
+            inserted, counted = batch.at_once_rows(db, safe)
             return batch.answers(db, inserted), batch.started - counted
 
         def in_steps(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
-            inserted, counted = batch.in_steps(db)
+            inserted, counted = batch.in_steps(db, safe)
             for join in batch.joins:
                 self._join(db, join, batch.now)
             return batch.answers(db, inserted), batch.started - counted
 
-        return self._transaction(at_once, atomic=False) if batch.at_once else self._transaction(in_steps)
+        return self._write(at_once, atomic=False) if batch.at_once else self._write(in_steps)  # type: ignore[no-any-return]
 
     @staticmethod
     def _join(db: psycopg.Connection, join: Join, now: float) -> None:
@@ -378,6 +409,9 @@ class PostgresJournal(JournalBackend):
             self._renewing = None
         with self._lock:
             self._db.close()
+        with self._write_lock:
+            if self._writer is not None:
+                self._writer.close()
 
 
 def _forget_token(journal: "weakref.ReferenceType[PostgresJournal]") -> Callable[[], None]:
