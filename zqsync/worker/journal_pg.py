@@ -84,9 +84,12 @@ CREATE TABLE IF NOT EXISTS zqsync_jobs (
     started_at DOUBLE PRECISION,
     finished_at DOUBLE PRECISION
 );
--- Pending rows by owner serve claims and replays; every index costs each insert and outcome.
+-- Pending rows by owner serve claims and replays, finished rows by age purges; every index costs each insert
+-- and outcome it holds a row of (a pending job's insert is in the first only, its outcome in the second only).
 CREATE INDEX IF NOT EXISTS zqsync_jobs_to_replay ON zqsync_jobs (owner, replay, next_at) WHERE state = 'pending';
-CREATE INDEX IF NOT EXISTS zqsync_jobs_by_state_updated ON zqsync_jobs (state, updated_at);
+CREATE INDEX IF NOT EXISTS zqsync_jobs_finished ON zqsync_jobs (state, updated_at) WHERE state <> 'pending';
+-- Journals made before this index existed had every row in this one instead: migrated here.
+DROP INDEX IF EXISTS zqsync_jobs_by_state_updated;
 CREATE TABLE IF NOT EXISTS zqsync_owners (
     token TEXT PRIMARY KEY,
     host TEXT NOT NULL,
@@ -329,19 +332,18 @@ class PostgresJournal(JournalBackend):
     def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
              limit: int = 1000, offset: int = 0) -> list[Row]:
         """`JournalBackend.rows`."""
-        column = "id" if ids else "state"
+        where, wanted = ("id = ANY(%s)", [list(ids)]) if ids else _in_states(states)
         return [Row(*row) for row in self._read(
-            f"{SELECT} WHERE {column} = ANY(%s) ORDER BY created_at, id LIMIT %s OFFSET %s",
-            (list(ids) or list(states), limit, offset))]
+            f"{SELECT} WHERE {where} ORDER BY created_at, id LIMIT %s OFFSET %s", (*wanted, limit, offset))]
 
     def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
         """`JournalBackend.iter_rows`."""
-        wanted = list(states)
+        where, wanted = _in_states(states)
         after: tuple[float, str] = (-1.0, "")
         while True:
             rows = [Row(*row) for row in self._read(
-                f"{SELECT} WHERE state = ANY(%s) AND (created_at, id) > (%s, %s) ORDER BY created_at, id LIMIT %s",
-                (wanted, *after, batch))]
+                f"{SELECT} WHERE {where} AND (created_at, id) > (%s, %s) ORDER BY created_at, id LIMIT %s",
+                (*wanted, *after, batch))]
             yield from rows
             if len(rows) < batch:
                 return
@@ -412,6 +414,16 @@ class PostgresJournal(JournalBackend):
         with self._write_lock:
             if self._writer is not None:
                 self._writer.close()
+
+
+def _in_states(states: Iterable[str]) -> tuple[str, list[Any]]:
+    """A condition on ``state`` and its parameters. Pending and finished rows are in two partial indexes, and
+    PostgreSQL uses both for ``state = 'pending' OR state = ANY(...)`` (a bitmap OR), where it would read
+    the whole table for ``state = ANY('{pending,...}')``."""
+    wanted = list(states)
+    if "pending" not in wanted:
+        return "state = ANY(%s)", [wanted]
+    return "(state = 'pending' OR state = ANY(%s))", [[state for state in wanted if state != "pending"]]
 
 
 def _forget_token(journal: "weakref.ReferenceType[PostgresJournal]") -> Callable[[], None]:
