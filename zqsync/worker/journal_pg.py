@@ -278,6 +278,8 @@ class PostgresJournal(JournalBackend):
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
         batch = Batch(self.token, jobs, outcomes, starts)
+        if not any(batch.kinds):
+            return [], set()
         try:
             return self._write_batch(batch, time.monotonic() < self._safe_until)
         except psycopg.errors.UniqueViolation:

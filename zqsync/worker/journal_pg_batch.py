@@ -58,25 +58,28 @@ INSERT = ("INSERT INTO zqsync_jobs (id, task, body, state, owner, retries, creat
           " %(now)b, %(now)b, n.next_at, n.replay, n.attempts, n.running, n.started_at FROM unnest(%(n_id)b,"
           " %(n_task)b, %(n_body)b, %(n_retries)b, %(n_next_at)b, %(n_replay)b, %(n_attempts)b, %(n_running)b,"
           " %(n_started_at)b) AS n(id, task, body, retries, next_at, replay, attempts, running, started_at)")
-#: Appended to `INSERT`: plain, or ``safe`` (a duplicate id is skipped instead of failing the statement).
-RETURNING = {False: " RETURNING id", True: " ON CONFLICT (id) DO NOTHING RETURNING id"}
+#: Appended to `INSERT`: plain (a duplicate id fails the statement, so if it succeeds every job was inserted),
+#: or ``safe`` (a duplicate id is skipped, and the ids inserted are returned).
+ON_DUPLICATE = {False: "", True: " ON CONFLICT (id) DO NOTHING RETURNING id"}
 
 
 @functools.cache
 def statement(outcomes: bool, starts: bool, inserts: bool, safe: bool) -> str:
-    """The one statement of a batch with these kinds: rows ``(True, id)`` per job inserted, ``(False, id)``
-    per attempt counted (none when the batch has only outcomes)."""
-    if not (starts or inserts):
-        return OUTCOMES
+    """The one statement of a batch with these kinds. It returns rows ``(False, id)`` per attempt counted
+    and, ``safe``, ``(True, id)`` per job inserted; none when the batch has neither."""
     parts = [f"done AS ({OUTCOMES})"] if outcomes else []
     answers = []
     if starts:
         parts.append(f"begun AS ({STARTS})")
         answers.append("SELECT false, id FROM begun")
-    if inserts:
-        parts.append(f"added AS ({INSERT}{RETURNING[safe]})")
-        answers.insert(0, "SELECT true, id FROM added")
-    return f"WITH {', '.join(parts)} {' UNION ALL '.join(answers)}"
+    if inserts and (safe or answers):
+        parts.append(f"added AS ({INSERT}{ON_DUPLICATE[safe]})")
+        if safe:
+            answers.insert(0, "SELECT true, id FROM added")
+    main = " UNION ALL ".join(answers) if answers else INSERT if inserts else ""
+    if not main:  # outcomes alone
+        return OUTCOMES
+    return f"WITH {', '.join(parts)} {main}" if parts else main
 
 
 # -- arrays in PostgreSQL's binary format ---------------------------------------------------------------
@@ -193,6 +196,7 @@ class Batch:
         self.started = {s.id for s in begun}
         self.at_once = not self.joins and not self.started.intersection(o.id for o in done)
         self.kinds = (bool(done), bool(begun), bool(self.new))
+        self.fresh: set[str] = set()  # the ids of the jobs to insert
         params: dict[str, Any] = {"now": now, "owner": token}
         if done:
             params.update(o_id=text_array([o.id for o in done]), o_state=text_array([o.state for o in done]),
@@ -204,6 +208,7 @@ class Batch:
                           s_retry_at=float8_array([s.retry_at for s in begun]))
         if self.new:
             fresh = list({job.id: job for job in reversed(self.new)}.values())[::-1]  # an id twice: its first copy
+            self.fresh = {job.id for job in fresh}
             first = [job.retry_at > 0 for job in fresh]
             params.update(n_id=text_array([job.id for job in fresh]), n_task=text_array([job.task for job in fresh]),
                           n_body=bytea_array([job.body for job in fresh]),
@@ -221,11 +226,10 @@ class Batch:
         :raises psycopg.errors.UniqueViolation: not ``safe``, and a new job's id is journaled already.
         """
         query = statement(*self.kinds, safe)
-        if query is OUTCOMES:
-            db.execute(query, self.params)
-            return set(), set()
-        rows = db.execute(query, self.params).fetchall()
-        return {row[1] for row in rows if row[0]}, {row[1] for row in rows if not row[0]}
+        cursor = db.execute(query, self.params)
+        rows = cursor.fetchall() if cursor.description else []
+        counted = {row[1] for row in rows if not row[0]}
+        return ({row[1] for row in rows if row[0]} if safe else set(self.fresh)), counted
 
     def in_steps(self, db: psycopg.Connection, safe: bool) -> tuple[set[str], set[str]]:
         """Run the statements one by one (``db`` in a transaction): outcomes first, so an attempt counted
@@ -234,8 +238,10 @@ class Batch:
         if has_outcomes:
             db.execute(OUTCOMES, self.params)
         counted = {row[0] for row in db.execute(STARTS, self.params).fetchall()} if has_starts else set()
-        inserted = ({row[0] for row in db.execute(INSERT + RETURNING[safe], self.params).fetchall()}
-                    if has_inserts else set())
+        inserted = set()
+        if has_inserts:
+            cursor = db.execute(INSERT + ON_DUPLICATE[safe], self.params)
+            inserted = {row[0] for row in cursor.fetchall()} if safe else set(self.fresh)
         return inserted, counted
 
     def answers(self, db: psycopg.Connection, inserted: set[str]) -> list[Optional[str]]:
