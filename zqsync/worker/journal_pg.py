@@ -167,7 +167,7 @@ class PostgresJournal(JournalBackend):
         (`write_all`, `probe`) plans its statements once instead, under ``journal_pg_batch.WRITER_SETTINGS``,
         and sends its arrays in binary, UTF-8."""
         db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.busy_timeout)),
-                             application_name="zqsync", client_encoding="UTF8")
+                             application_name="zqsync writer" if writer else "zqsync", client_encoding="UTF8")
         plans = WRITER_SETTINGS if writer else "SET plan_cache_mode = force_custom_plan"
         db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; {plans}")
         if writer:
