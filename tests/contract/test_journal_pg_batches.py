@@ -4,6 +4,8 @@ skipped with the reason where none can be started."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 
 from tests.helpers import wait_for
@@ -103,46 +105,44 @@ def test_a_journal_of_the_previous_schema_is_migrated_and_keeps_its_rows(pg_url)
         journal.close()
 
 
-def test_a_new_job_adds_no_entry_to_the_index_of_finished_rows_until_it_finishes(pg_url):
+@pytest.fixture
+def journal(pg_url) -> Iterator[PostgresJournal]:
+    """A registered owner of a new journal."""
+    opened = PostgresJournal(pg_url)
+    opened.register()
+    yield opened
+    opened.close()
+
+
+def test_a_new_job_adds_no_entry_to_the_index_of_finished_rows_until_it_finishes(pg_url, journal):
     # each entry of an index is work for the insert that makes it: the finished rows' index (purges, dead
     # letters) is partial, so a pending job costs its insert the primary key and the pending rows' index only
-    journal = PostgresJournal(pg_url)
-    journal.register()
-    try:
-        with psycopg.connect(pg_url, autocommit=True) as db:
-            empty = secondary_index_bytes(db)
-            for start in range(0, 2000, 500):
-                journal.write_all([(f"j{n}", "t", b"body", 0) for n in range(start, start + 500)])
-            assert secondary_index_bytes(db) == empty
-            for start in range(0, 2000, 500):
-                journal.write_all(outcomes=[Outcome(f"j{n}", "done", 1, 0.0, None, b"r")
-                                            for n in range(start, start + 500)])
-            assert secondary_index_bytes(db) > empty + 8192
-    finally:
-        journal.close()
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        empty = secondary_index_bytes(db)
+        for start in range(0, 2000, 500):
+            journal.write_all([(f"j{n}", "t", b"body", 0) for n in range(start, start + 500)])
+        assert secondary_index_bytes(db) == empty
+        for start in range(0, 2000, 500):
+            journal.write_all(outcomes=[Outcome(f"j{n}", "done", 1, 0.0, None, b"r") for n in range(start, start + 500)])
+        assert secondary_index_bytes(db) > empty + 8192
 
 
-def test_listing_pending_and_dead_jobs_reads_them_through_indexes_not_the_whole_table(pg_url):
-    journal = PostgresJournal(pg_url)
-    journal.register()
-    try:
-        journal.write_all([("pending", "t", b"", 0), ("dead", "t", b"", 0)])
-        journal.write_all(outcomes=[Outcome("dead", "dead", 1, 0.0, "E: e")])
-        with psycopg.connect(pg_url, autocommit=True) as db:
-            db.execute("INSERT INTO zqsync_jobs (id, task, body, state, created_at, updated_at) SELECT 'done-' || n,"
-                       " 't', '', 'done', n, n FROM generate_series(1, %s) AS n", (ROWS,))
-            db.execute("ANALYZE zqsync_jobs")
+def test_listing_pending_and_dead_jobs_reads_them_through_indexes_not_the_whole_table(pg_url, journal):
+    journal.write_all([("pending", "t", b"", 0), ("dead", "t", b"", 0)])
+    journal.write_all(outcomes=[Outcome("dead", "dead", 1, 0.0, "E: e")])
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute("INSERT INTO zqsync_jobs (id, task, body, state, created_at, updated_at) SELECT 'done-' || n,"
+                   " 't', '', 'done', n, n FROM generate_series(1, %s) AS n", (ROWS,))
+        db.execute("ANALYZE zqsync_jobs")
 
-            def scanned() -> int:
-                """Rows read by sequential scans, once the listing's session has reported its statistics."""
-                journal._db.execute("SELECT pg_stat_force_next_flush()")  # reported before the answer
-                db.execute("SELECT pg_stat_clear_snapshot()")
-                return int(db.execute("SELECT seq_tup_read FROM pg_stat_user_tables"
-                                      " WHERE relname = 'zqsync_jobs'").fetchone()[0])
+        def scanned() -> int:
+            """Rows read by sequential scans, once the listing's session has reported its statistics."""
+            journal._db.execute("SELECT pg_stat_force_next_flush()")  # reported before the answer
+            db.execute("SELECT pg_stat_clear_snapshot()")
+            return int(db.execute("SELECT seq_tup_read FROM pg_stat_user_tables"
+                                  " WHERE relname = 'zqsync_jobs'").fetchone()[0])
 
-            before = scanned()
-            assert [row.id for row in journal.rows(("pending", "dead"))] == ["dead", "pending"]  # created at once
-            assert [row.id for row in journal.iter_rows(("dead", "pending"))] == ["dead", "pending"]
-            assert scanned() - before < ROWS
-    finally:
-        journal.close()
+        before = scanned()
+        assert [row.id for row in journal.rows(("pending", "dead"))] == ["dead", "pending"]  # created at once
+        assert [row.id for row in journal.iter_rows(("dead", "pending"))] == ["dead", "pending"]
+        assert scanned() - before < ROWS

@@ -20,10 +20,12 @@ expires the lease at once, so its pending rows are taken over without waiting.
 An expired owner is forgotten (`sweep_owners`) once it
 owns no pending row.
 
-A broken connection (the server restarted or failed over) is replaced on the
+Group commits (`PostgresJournal.write_all`, `probe`) run on a session of their own, the writer's
+(``journal_pg_batch.py`` says how it keeps a job cheap for the server); every other call runs on the
+main session. A broken connection (the server restarted or failed over) is replaced on the
 next call; the call that saw it fails, and the worker retries it (group
-commit's backoff). Every method blocks; one lock serialises the connection
-across threads, as in the SQLite journal.
+commit's backoff). Every method blocks; a lock per session serialises it across threads, as in the
+SQLite journal.
 """
 
 from __future__ import annotations
