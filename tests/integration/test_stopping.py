@@ -36,8 +36,11 @@ def logged_kills(output: str) -> int:
     return logged(r"kill(?:ed|ing) (\d+)(?: of \d+)? task\(s\) still running", output)
 
 
-def settled(target, expected: int, timeout: float = 15.0) -> list[str]:
-    """The lines of ``target`` once there are ``expected`` of them, or once they stop growing for 2 s."""
+def settled(target, expected: int, timeout: float = 30.0, stall: float = 5.0) -> list[str]:
+    """The lines of ``target`` once there are ``expected`` of them, or once they stop growing for ``stall``
+    seconds, or after ``timeout`` seconds (both slack-scaled: a busy worker drains a backlog of thousands of
+    jobs slowly on a loaded machine, and a job still queued is not a job lost)."""
+    timeout, stall = slack(timeout), slack(stall)
     deadline, last, since = time.monotonic() + timeout, -1, time.monotonic()
     while time.monotonic() < deadline:
         found = lines(target)
@@ -45,7 +48,7 @@ def settled(target, expected: int, timeout: float = 15.0) -> list[str]:
             return found
         if len(found) != last:
             last, since = len(found), time.monotonic()
-        elif time.monotonic() - since > 2.0:
+        elif time.monotonic() - since > stall:
             break
         time.sleep(0.05)
     return lines(target)
