@@ -60,12 +60,12 @@ class Confirming:
         if refusal:  # fail fast until the write loop finds the journal writable
             answer(self._refuse(request, refusal))
             return
-        kept = {key: request.options[key] for key in ("expires", "canvas") if key in request.options}
+        kept: dict[str, Any] = {key: request.options[key] for key in ("expires", "canvas") if key in request.options}
         wrong = check_spec(kept["canvas"]) if "canvas" in kept else None
         if wrong:
             answer(envelope.encode_error(request.id, "ProtocolError", f"job {request.id}: {wrong}"))
             return
-        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs, options=kept)
+        body = envelope.encode_again(request, "job", kept)
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         now = time.time()
         due = due if due > now else 0.0
@@ -77,7 +77,7 @@ class Confirming:
         counted = not due and task.rate_limit is None and self._counting < self.slots.free_count()
         self._counting += counted
         retry_at = now + task.backoff_for(1) if counted else 0.0
-        self._commits.put("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
+        self._commits.add(NewJob(request.id, request.task, body, task.retries, due, retry_at),
                           Confirm(task, request, due, answer, counted))
 
     def _answer_batch(self, waiting: list[tuple[str, Any, Any]], fresh: list[Optional[str]], refused: set[str],

@@ -20,10 +20,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
+import gevent
 import gevent.event
 
 from .journal import JournalGone
-from .journal_api import JournalBackend, Outcome
+from .journal_api import JournalBackend, NewJob, Outcome
 from .journal_writer import WriterThread
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,51 @@ class GroupCommit:
         self._counters = counters
         self._answer_batch = answer_batch
         self._writer = WriterThread(self._loop)
+        self._adds: list[tuple[NewJob, Any]] = []  # confirmed jobs read in this hub iteration (`add`)
+        self._stopping = False
         self.gone: Optional[str] = None  # why the journal can never be written again
         self.broken: Optional[str] = None  # why the last write failed, until one succeeds
 
     def start(self) -> None:
         """Start the writer thread (from the hub's thread)."""
         self._writer.start()
+
+    def add(self, job: NewJob, confirm: Any) -> None:
+        """In the hub: journal a confirmed job; ``answer_batch`` answers it once committed. Never blocks.
+
+        The jobs read in one iteration of the hub's loop are handed over together at its end: to the
+        writer thread (one group commit); or, a lone job while the thread waits for work, written by the
+        hub itself with the deferred outcomes (`JournalBackend.write_now`), which costs no wake-up of
+        the thread, no hand-off of the GIL and no wake-up of the hub for the answer.
+        """
+        self._adds.append((job, confirm))
+        if len(self._adds) == 1:
+            gevent.get_hub().loop.run_callback(self._hand_over)
+
+    def _hand_over(self) -> None:
+        adds, self._adds = self._adds, []
+        if len(adds) == 1 and not self._stopping and self._write_now(*adds[0]):
+            return
+        for job, confirm in adds:
+            self.put("add", job, confirm)
+
+    def _write_now(self, job: NewJob, confirm: Any) -> bool:
+        """In the hub: journal ``job`` (with the deferred outcomes) now and answer it, if the writer thread
+        waits for work and the journal can commit without waiting; returns whether it did."""
+        writer = self._writer
+        if not writer.pause():
+            return False
+        deferred = writer.take_deferred()
+        try:
+            written = self.journal.write_now([job], [item for _, item, _ in deferred])
+        except Exception as exc:  # the writer thread retries it, and reports the error if it persists
+            log.debug("journaling in the hub failed, handed to the writer thread: %s: %s", type(exc).__name__, exc)
+            written = None
+        writer.resume([] if written else deferred)
+        if written is None:
+            return False
+        self._answer_batch([("add", job, confirm)], written[0], written[1], None)
+        return True
 
     def put(self, op: str, item: Any, result: Any = None) -> None:
         """Queue one operation for the next batch, waking the thread; never blocks."""
@@ -87,6 +127,8 @@ class GroupCommit:
     def stop(self, timeout: float = 30.0) -> None:
         """Write what is queued, end the thread and stop answering; blocks up to ``timeout`` seconds."""
         done = gevent.event.AsyncResult()
+        self._stopping = True
+        self._hand_over()
         self.put("stop", None, done)
         done.get(timeout=timeout)
         self._writer.close()
