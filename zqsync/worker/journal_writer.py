@@ -36,7 +36,7 @@ _allocate_lock = monkey.get_original("_thread", "allocate_lock")
 
 #: Seconds an item queued with `WriterThread.defer` waits for other work before the thread is woken
 #: for it (at most about twice this: a timer looks every ``LINGER`` seconds).
-LINGER = 0.002
+LINGER = 0.01
 #: Wakes the thread for deferred items; never part of a batch.
 _FLUSH = object()
 
