@@ -33,7 +33,7 @@ TEXT = 200
 #: Seconds between two successes of one task that are remembered: a flood of quick jobs keeps a sample
 #: of at most 1,000 successes a second per task (formatting and keeping every one cost a worker about
 #: 30 % of its plain-job rate); every other outcome (failed, dead, cancelled, a retry) is kept.
-SAMPLE_EVERY = 0.001
+SAMPLE_EVERY = 0.01
 #: Most outcomes one ``zqsync.recent`` answer lists.
 MAX_LIST = 1000
 _SHORT = reprlib.Repr()
