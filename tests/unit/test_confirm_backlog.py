@@ -16,7 +16,7 @@ from gevent import monkey
 
 from tests.helpers import slack
 from zqsync.wire import envelope
-from zqsync.worker import Registry
+from zqsync.worker import Registry, group_commit
 from zqsync.worker.journal import Journal
 from zqsync.worker.runner import Runner
 from zqsync.worker.scheduler import build_scheduler
@@ -241,6 +241,7 @@ def _journaled_by(monkeypatch) -> list[tuple[str, int, bool]]:
 def test_a_lone_confirm_is_journaled_in_the_hub_and_acknowledged_only_once_its_row_is_committed(tmp_path, monkeypatch):
     RAN.clear()
     seen = _journaled_by(monkeypatch)
+    monkeypatch.setattr(group_commit, "SLOW_COMMIT", 600.0)  # a loaded machine's stalls do not count here
     scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     rows_at_answer: list[tuple] = []
@@ -335,3 +336,29 @@ def test_the_wal_stays_bounded_while_the_hub_journals_sequential_confirms(tmp_pa
     # Unchecked, the WAL holds a few pages per commit (at least 3 here: 4,500 for 1,500 jobs); SQLite's
     # automatic checkpoint restarts it once it holds 1000 pages, so it stays below that plus a lap of hub commits.
     assert pages < 2000, f"the WAL grew to {pages} pages ({size} bytes) over {jobs} confirms: never checkpointed"
+
+
+@pytest.mark.timeout(60)
+def test_after_a_slow_commit_in_the_hub_lone_confirms_go_to_the_writer_thread(tmp_path, monkeypatch):
+    RAN.clear()
+    seen = _journaled_by(monkeypatch)
+    monkeypatch.setattr(group_commit, "SLOW_PAUSE", 600.0)
+    write_now, stall = Journal.write_now, monkey.get_original("time", "sleep")
+    stalls = [group_commit.SLOW_COMMIT * 3]
+
+    def stalled_once(journal, jobs=(), outcomes=()):
+        if stalls:
+            stall(stalls.pop())  # as a write the kernel holds up for writeback
+        return write_now(journal, jobs, outcomes)
+
+    monkeypatch.setattr(Journal, "write_now", stalled_once)
+    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler.start()
+    try:
+        for key in ("stalled", "next", "and-next"):
+            acknowledged = gevent.event.AsyncResult()
+            _confirm_with(scheduler, key, acknowledged.set)
+            assert acknowledged.get(timeout=slack(10))["result"] == {"job_id": key, "duplicate": False}
+    finally:
+        scheduler.stop()
+    assert seen == [("hub", 1, True), ("writer", 1, False), ("writer", 1, False)]

@@ -18,6 +18,7 @@ that was deleted or replaced is gone for good.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Optional
 
 import gevent
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1000
 #: Longest wait, seconds, between retries of a failing journal operation.
 MAX_RETRY_DELAY = 10.0
+#: A commit in the hub that took longer than this (seconds: the disk stalled it) sends lone confirms to the
+#: writer thread for `SLOW_PAUSE` seconds: the hub stalls with its commits, the writer thread does not.
+SLOW_COMMIT = 0.02
+SLOW_PAUSE = 1.0
 
 #: ``answer_batch(waiting, fresh, refused, error)``: in the hub, after a batch committed (``error`` None)
 #: or failed. ``waiting`` holds the batch's ``(op, item, result)`` adds, starts and flushes in order;
@@ -61,6 +66,7 @@ class GroupCommit:
         self._writer = WriterThread(self._loop)
         self._adds: list[tuple[NewJob, Any]] = []  # confirmed jobs read in this hub iteration (`add`)
         self._stopping = False
+        self._hub_commits_from = 0.0  # monotonic seconds: lone confirms go to the writer thread until then
         self.gone: Optional[str] = None  # why the journal can never be written again
         self.broken: Optional[str] = None  # why the last write failed, until one succeeds
 
@@ -74,7 +80,8 @@ class GroupCommit:
         The jobs read in one iteration of the hub's loop are handed over together at its end: to the
         writer thread (one group commit); or, a lone job while the thread waits for work, written by the
         hub itself with the deferred outcomes (`JournalBackend.write_now`), which costs no wake-up of
-        the thread, no hand-off of the GIL and no wake-up of the hub for the answer.
+        the thread, no hand-off of the GIL and no wake-up of the hub for the answer. After a commit in the
+        hub slower than `SLOW_COMMIT`, lone jobs go to the thread for `SLOW_PAUSE` seconds.
         """
         self._adds.append((job, confirm))
         if len(self._adds) == 1:
@@ -82,7 +89,8 @@ class GroupCommit:
 
     def _hand_over(self) -> None:
         adds, self._adds = self._adds, []
-        if len(adds) == 1 and not self._stopping and self._write_now(*adds[0]):
+        if len(adds) == 1 and not self._stopping and time.monotonic() >= self._hub_commits_from \
+                and self._write_now(*adds[0]):
             return
         for job, confirm in adds:
             self.put("add", job, confirm)
@@ -94,12 +102,16 @@ class GroupCommit:
         if not writer.pause():
             return False
         deferred = writer.take_deferred()
+        started = time.monotonic()
         try:
             written = self.journal.write_now([job], [item for _, item, _ in deferred])
         except Exception as exc:  # the writer thread retries it, and reports the error if it persists
             log.debug("journaling in the hub failed, handed to the writer thread: %s: %s", type(exc).__name__, exc)
             written = None
         writer.resume([] if written else deferred)
+        ended = time.monotonic()
+        if ended - started > SLOW_COMMIT:
+            self._hub_commits_from = ended + SLOW_PAUSE
         if written is None:
             return False
         self._answer_batch([("add", job, confirm)], written[0], written[1], None)
