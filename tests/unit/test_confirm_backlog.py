@@ -212,6 +212,13 @@ def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_seque
                             f"({fired / jobs:.1f} per job): more than one per {linger * 1e3:g} ms linger ({bound:.0f})")
 
 
+def _started(tmp_path):
+    """A started scheduler with four task slots journaling into ``tmp_path`` (no replay meanwhile)."""
+    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler.start()
+    return scheduler
+
+
 def _journaled_by(monkeypatch) -> list[tuple[str, int, bool]]:
     """Per transaction that holds new jobs: ``("hub" or "writer", jobs, whether in the hub's native thread)``."""
     native_ident = monkey.get_original("_thread", "get_ident")
@@ -242,8 +249,7 @@ def test_a_lone_confirm_is_journaled_in_the_hub_and_acknowledged_only_once_its_r
     RAN.clear()
     seen = _journaled_by(monkeypatch)
     monkeypatch.setattr(group_commit, "SLOW_COMMIT", 600.0)  # a loaded machine's stalls do not count here
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
-    scheduler.start()
+    scheduler = _started(tmp_path)
     rows_at_answer: list[tuple] = []
 
     def confirm(key: str) -> None:
@@ -267,8 +273,7 @@ def test_a_lone_confirm_is_journaled_in_the_hub_and_acknowledged_only_once_its_r
 def test_confirms_read_in_one_hub_iteration_share_one_group_commit_in_the_writer_thread(tmp_path, monkeypatch):
     RAN.clear()
     seen = _journaled_by(monkeypatch)
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
-    scheduler.start()
+    scheduler = _started(tmp_path)
     answers: list[dict] = []
     try:
         keys = [f"burst-{index}" for index in range(20)]
@@ -285,8 +290,7 @@ def test_confirms_read_in_one_hub_iteration_share_one_group_commit_in_the_writer
 def test_the_hub_never_waits_for_a_write_lock_another_connection_holds(tmp_path, monkeypatch):
     RAN.clear()
     seen = _journaled_by(monkeypatch)
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
-    scheduler.start()
+    scheduler = _started(tmp_path)
     held = slack(2.0)
     gaps: list[float] = []
 
@@ -320,8 +324,7 @@ def test_the_hub_never_waits_for_a_write_lock_another_connection_holds(tmp_path,
 @pytest.mark.timeout(120)
 def test_the_wal_stays_bounded_while_the_hub_journals_sequential_confirms(tmp_path):
     RAN.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
-    scheduler.start()
+    scheduler = _started(tmp_path)
     wal = os.path.join(str(tmp_path), "journal.sqlite3-wal")
     jobs = 1500
     try:
@@ -352,8 +355,7 @@ def test_after_a_slow_commit_in_the_hub_lone_confirms_go_to_the_writer_thread(tm
         return write_now(journal, jobs, outcomes)
 
     monkeypatch.setattr(Journal, "write_now", stalled_once)
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
-    scheduler.start()
+    scheduler = _started(tmp_path)
     try:
         for key in ("stalled", "next", "and-next"):
             acknowledged = gevent.event.AsyncResult()
