@@ -2,7 +2,9 @@
 
 The hub queues operations (``journal_writer.py``'s `WriterThread`
 carries them): ``add`` (a confirmed job to insert, answered by the
-scheduler's batch callback), ``start`` (an attempt to count before it runs)
+scheduler's batch callback; the confirms read in one turn of the hub's loop
+go as one item, or a lone one is written by the hub itself: `GroupCommit.add`),
+``start`` (an attempt to count before it runs)
 and ``flush`` (wait until what was recorded before it is committed), each
 waited for; ``record`` (an attempt's outcome), deferred to the next batch;
 and ``stop``. The thread commits every operation of a batch in one SQLite
@@ -92,8 +94,8 @@ class GroupCommit:
         if len(adds) == 1 and not self._stopping and time.monotonic() >= self._hub_commits_from \
                 and self._write_now(*adds[0]):
             return
-        for job, confirm in adds:
-            self.put("add", job, confirm)
+        if adds:  # one item, so one batch (at most ADMISSIONS confirms are in flight)
+            self.put("adds", [("add", job, confirm) for job, confirm in adds])
 
     def _write_now(self, job: NewJob, confirm: Any) -> bool:
         """In the hub: journal ``job`` (with the deferred outcomes) now and answer it, if the writer thread
@@ -151,7 +153,8 @@ class GroupCommit:
         carried: list[Outcome] = []
         failures = 0
         while True:
-            batch = writer.next_batch(not (carried or self.broken), MAX_BATCH)
+            batch = [op for entry in writer.next_batch(not (carried or self.broken), MAX_BATCH) for op in
+                     (entry[1] if entry[0] == "adds" else (entry,))]
             waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start", "flush")]
             adds = [item for op, item, _ in batch if op == "add"]
             starts = [item for op, item, _ in batch if op == "start"]
