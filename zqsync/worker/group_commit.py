@@ -48,6 +48,11 @@ SLOW_PAUSE = 1.0
 AnswerBatch = Callable[[list[tuple[str, Any, Any]], list[Optional[str]], set[str], Optional[Exception]], None]
 
 
+def _spread(batch: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """A batch's queued items, each hand-over of confirms (``adds``, `GroupCommit.add`) spread into its ``add``s."""
+    return [op for entry in batch for op in (entry[1] if entry[0] == "adds" else (entry,))]
+
+
 def retry_delay(failures: int, base: float) -> float:
     """Seconds to wait after ``failures`` failures in a row: ``base`` doubled each time, capped."""
     return min(MAX_RETRY_DELAY, base * 2 ** min(failures, 16))
@@ -153,8 +158,7 @@ class GroupCommit:
         carried: list[Outcome] = []
         failures = 0
         while True:
-            batch = [op for entry in writer.next_batch(not (carried or self.broken), MAX_BATCH) for op in
-                     (entry[1] if entry[0] == "adds" else (entry,))]
+            batch = _spread(writer.next_batch(not (carried or self.broken), MAX_BATCH))
             waiting = [(op, item, result) for op, item, result in batch if op in ("add", "start", "flush")]
             adds = [item for op, item, _ in batch if op == "add"]
             starts = [item for op, item, _ in batch if op == "start"]

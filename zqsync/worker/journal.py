@@ -135,7 +135,7 @@ class SqliteJournal(JournalBackend):
         self._synchronous = synchronous.upper()
         self._setup(self._synchronous, time.monotonic() + busy_timeout)
         self._now: Optional[sqlite3.Connection] = None  # write_now's own connection, opened on first use
-        self._now_commits = 0
+        self._now_offered = 0
 
     def _setup(self, synchronous: str, deadline: float) -> None:
         # Switching to WAL takes an exclusive lock that SQLite's busy handler
@@ -263,8 +263,8 @@ class SqliteJournal(JournalBackend):
 
         :raises JournalGone, sqlite3.Error: as `write_all` (nothing is committed).
         """
-        self._now_commits += 1
-        if self._synchronous != "NORMAL" or self._now_commits % NOW_HANDS_BACK == 0:
+        self._now_offered += 1
+        if self._synchronous != "NORMAL" or self._now_offered % NOW_HANDS_BACK == 0:
             return None
         db = self._now
         if db is None:

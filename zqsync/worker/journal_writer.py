@@ -57,7 +57,7 @@ class WriterThread:
         self._flushing = False  # a _FLUSH is queued that no batch has taken yet
         self._outbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._wake: Optional[Any] = None
-        self._busy = _allocate_lock()  # held by the thread except while it waits for work (and by `exclusive`)
+        self._busy = _allocate_lock()  # held by the thread except while it waits for work, and by `pause`
 
     def start(self) -> None:
         """Start the thread (call from the hub's thread, which runs the posted callables)."""
@@ -146,13 +146,7 @@ class WriterThread:
     def next_batch(self, block: bool, limit: int) -> list[Any]:
         """In the thread: up to ``limit`` queued items, waiting for one if ``block``, after up to ``limit``
         deferred ones (an empty list when the thread was woken for deferred items another batch took)."""
-        if block:
-            self._busy.release()
-            try:
-                first = self._inbox.get()
-            finally:
-                self._busy.acquire()
-        batch = [first] if block else []
+        batch = [self._wait_for_work()] if block else []
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
         deferred: list[Any] = []
@@ -160,6 +154,14 @@ class WriterThread:
         while len(deferred) < limit and self._deferred:
             deferred.append(self._deferred.popleft()[1])
         return [item for item in deferred + batch if item is not _FLUSH]
+
+    def _wait_for_work(self) -> Any:
+        """In the thread: the next queued item; the hub may `pause` the thread only while it waits here."""
+        self._busy.release()
+        try:
+            return self._inbox.get()
+        finally:
+            self._busy.acquire()
 
     def post(self, function: Callable[..., Any], *args: Any) -> None:
         """In the thread: have the hub call ``function(*args)`` soon, after everything posted before."""
