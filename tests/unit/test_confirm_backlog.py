@@ -213,8 +213,11 @@ def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_seque
 
 
 def _started(tmp_path):
-    """A started scheduler with four task slots journaling into ``tmp_path`` (no replay meanwhile)."""
+    """A started scheduler with four task slots journaling into ``tmp_path``: no replay meanwhile, and deferred
+    outcomes wait for the next batch (the writer thread is never woken for them alone, however slow the machine:
+    it could be writing when the hub looks)."""
     scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler._commits._writer._linger = 600.0
     scheduler.start()
     return scheduler
 
