@@ -5,7 +5,8 @@ Run from the repository root::
     python benchmarks/bench_gunicorn.py [--quick | --smoke] [--json FILE] [--cpus split|free] [--python-load]
 
 One run starts a ``zqsync.demo.tasks`` worker (:class:`zqsync.processes.WorkerProcess`)
-and ``gunicorn -k gevent -w 2 --preload`` with ``zqsync/demo/gunicorn_conf.py``
+and ``gunicorn -k gevent -w 2 --preload`` serving the demo app plus one route
+(``benchmarks/gunicorn_app.py``) with ``zqsync/demo/gunicorn_conf.py``
 (:class:`zqsync.processes.GunicornProcess`), pointed at that worker, and stops
 both by pid when done. With ``--cpus split`` (the default) gunicorn's
 processes run on one CPU, and the zqsync worker and the load generator on
@@ -22,6 +23,9 @@ in rotating order, each warmed up first so every web process has connected:
 
 * ``/enqueue``: one ``enqueue`` per request through the app's pooled client;
 * ``/call``: one ``call`` per request through the same client;
+* ``/raw-call``: the same round trip by hand, the floor of ``/call``: a
+  persistent ``zmq.green`` DEALER (4 per process), ``msgpack.packb``,
+  pyzmq's green ``send``/``recv``, ``msgpack.unpackb``;
 * ``/health``: no zqsync at all, the baseline;
 * ``/enqueue-per-request``: one ``enqueue`` through a ``Client`` built and
   closed per request (a new context, socket and connection each time);
@@ -34,7 +38,8 @@ second are not; a route's CPU minus ``/health``'s is what zqsync costs in
 place), and the TCP connections the worker accepted on its jobs endpoint
 during the timed runs (the peer-side view of socket reuse); then pooled /
 per-request, ``/enqueue`` / baseline and ``/call`` / baseline requests per
-second, and a check that no request failed. This is a benchmark, not a test: a missed target does not change the
+second, ``/call`` / ``/raw-call`` (zqsync's client against the same round trip by
+hand), and a check that no request failed. This is a benchmark, not a test: a missed target does not change the
 exit status.
 """
 
@@ -79,7 +84,7 @@ from zqsync.processes import GunicornProcess, WorkerProcess
 #: How to get what this scenario needs when it is missing.
 INSTALL_HINT = "pip install -e '.[web]' (gunicorn, flask); apt-get install -y wrk for the load"
 #: Routes measured, by short name.
-ROUTES = {"enqueue": "/enqueue", "call": "/call", "no zqsync": "/health",
+ROUTES = {"enqueue": "/enqueue", "call": "/call", "raw call": "/raw-call", "no zqsync": "/health",
           "per-request Client": "/enqueue-per-request", "enqueue + call": "/?n=1"}
 #: wrk's keep-alive connections (one wrk thread), and the Python generator's threads.
 CONNECTIONS = 50
@@ -288,7 +293,7 @@ def measure_gunicorn(settings: Settings, layout: str = "split", *, python: bool 
     connections = dict.fromkeys(ROUTES, 0)
     cpu: dict[str, list[float]] = {name: [] for name in ROUTES}
     with WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=["--log-level", "warning"]) as worker:
-        web = GunicornProcess("zqsync.demo.webapp:app", config="python:zqsync.demo.gunicorn_conf",
+        web = GunicornProcess("benchmarks.gunicorn_app:app", chdir=REPO_ROOT, config="python:zqsync.demo.gunicorn_conf",
                               workers=WEB_WORKERS, preload=True, env={"ZQSYNC_ENDPOINT": worker.endpoint})
         with web:
             cpus = place(layout, worker, web)
@@ -344,6 +349,13 @@ def gunicorn_rows(loads: dict[str, list[Load]], connections: dict[str, int], cpu
         checked(mode, "/call (pooled) / /health (no zqsync) requests/s (median)",
                 median["call"] / median["no zqsync"], "x", ">=", MIN_CALL_OVER_HEALTH,
                 rounds=[a / b for a, b in zip(rates["call"], rates["no zqsync"])]),
+        Row(mode, "/raw-call (a raw green DEALER round trip, the floor of /call) / /health requests/s (median)",
+            median["raw call"] / median["no zqsync"], "x",
+            rounds=[a / b for a, b in zip(rates["raw call"], rates["no zqsync"])]),
+        Row(mode, "/call (pooled) / /raw-call requests/s (median)", median["call"] / median["raw call"], "x",
+            rounds=[a / b for a, b in zip(rates["call"], rates["raw call"])]),
+        Row(mode, "/raw-call / /call web processes' CPU per request (median)",
+            statistics.median(cpu["raw call"]) / statistics.median(cpu["call"]), "x"),
         checked(mode, "failed requests (every route)", failed, "requests", "==", 0),
     ]
 

@@ -157,7 +157,8 @@ def variants(scratch: str, server: Optional[pgserver.Server], baseline: Optional
             batches = os.path.join(scratch, f"batches-{index}")
             open(batches, "w").close()
             path = os.pathsep.join([shim, code or os.environ.get("PYTHONPATH", REPO_ROOT)])
-            worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=REPO_ROOT, extra_args=args,
+            # python -m zqsync imports from its working directory first, so the baseline runs in its checkout
+            worker = WorkerProcess("zqsync.demo.tasks:registry", cwd=code or REPO_ROOT, extra_args=args,
                                    env={"PYTHONPATH": path, "ZQSYNC_PROFILE_BATCHES": batches})
             stack.callback(worker.stop)
             worker.start()

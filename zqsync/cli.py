@@ -167,9 +167,9 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         "own on the ports after it (child i: PORT+2+2i, PORT+3+2i; keep them free), announced by "
                         "zqsync.endpoints to clients with expand_prefork (ZQSYNC_EXPAND_PREFORK=1), which then "
                         "spread every message over the children. On 2 loaded cores, 2 children ran 1.0x one "
-                        "process's plain jobs and 1.4x its calls (the router: 0.4x and 0.6x). Not kept yet: a child whose hub is "
-                        "blocked still gets the messages of its connections, and what a SIGKILLed child had read "
-                        "is lost uncounted (a WARNING says so); see docs/design.md")
+                        "process's plain jobs and 1.4x its calls (the router: 0.4x and 0.6x). A child whose hub is blocked "
+                        "for 50 ms has its work taken by a free sibling, and the plain jobs a SIGKILLed child had "
+                        "read are counted (what libzmq and the kernel buffered for it is not); see docs/design.md")
     worker.add_argument("--state-dir", metavar="DIR",
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")

@@ -78,6 +78,18 @@ def test_a_job_id_is_journaled_once_fleet_wide(backend):
     assert [row.owner for row in one.rows(ids=["c"])] == [other.token]
 
 
+def test_two_owners_journaling_the_same_ids_at_once_journal_each_once(backend):
+    """Two workers given the same jobs at the same instant (a failover's resends): each id is new to one."""
+    owners = backend.owner(), backend.owner()
+    chunks = [[(f"j{n}", "t", b"", 0) for n in range(start, start + 20)] for start in range(0, 400, 20)]
+    pool = gevent.get_hub().threadpool  # native threads, plain or monkey-patched
+    writers = [pool.spawn(lambda owner: [answer for chunk in chunks for answer in owner.write(chunk)], owner)
+               for owner in owners]
+    answers = list(zip(*(writer.get(timeout=60) for writer in writers)))
+    assert [sorted(pair, key=str) for pair in answers] == [[None, "pending"]] * 400  # new to one, a duplicate to the other
+    assert backend.open().counts() == {"pending": 400}
+
+
 def test_an_insert_keeps_the_job_as_sent(backend):
     journal = backend.owner()
     before = time.time()
@@ -104,6 +116,7 @@ def test_attempts_are_counted_before_the_run_and_outcomes_after(backend):
 
 def test_one_batch_of_every_kind_inserts_finishes_and_counts_each_its_own_row(backend):
     journal = backend.owner()
+    assert journal.write_all() == ([], set())  # a flush with nothing to write (group commit's "flush")
     journal.write([("finishing", "t", b"", 0), ("starting", "t", b"", 0), ("gone", "t", b"", 0)])
     journal.write(outcomes=[Outcome("gone", "done", 1, 0.0, None, b"")])
     assert journal.write_all([("new", "t", b"n", 0), ("finishing", "t", b"", 0)],

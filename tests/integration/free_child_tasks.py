@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from tests.integration.blocking_tasks import spin
 from zqsync.worker import Registry
@@ -29,3 +30,17 @@ def whoami():
 def record(path):
     with open(path, "a") as handle:
         handle.write(f"{os.getpid()}\n")
+
+
+@registry.task
+def echo(value):
+    """``[value, this child's pid]``: which client a reply reached, and which child ran the call."""
+    return [value, os.getpid()]
+
+
+@registry.task
+def nap(seconds, started):
+    """Append this child's pid to ``started``, then sleep ``seconds`` cooperatively: a busy task slot, a free hub."""
+    with open(started, "a") as handle:
+        handle.write(f"{os.getpid()}\n")
+    time.sleep(float(seconds))

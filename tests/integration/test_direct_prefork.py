@@ -80,8 +80,8 @@ def test_a_killed_childs_slot_comes_back_on_the_same_address(zq_worker):
         assert replacement in children_of(worker.pid)
         assert reach_every_child(spread, set(children_of(worker.pid))) == set(children_of(worker.pid))
     output = worker.output()
-    assert f"(pid {killed}) exited with status -9: in direct mode the plain jobs it had read and not run are lost, " \
-           "and not counted" in output and "WARNING" in output
+    assert f"(pid {killed}) exited with status -9" in output and "WARNING" in output
+    assert f"(pid {killed}) exited holding" not in output  # it had read no plain job (seats.py counts them)
 
 
 def test_hup_under_load_loses_no_accepted_job(zq_worker, tmp_path, monkeypatch):
@@ -127,3 +127,44 @@ def test_a_warm_term_runs_what_was_accepted_and_closes_every_port(zq_worker, tmp
     for each in range(int(port), int(port) + 6):  # the public pair and both slot pairs
         with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
             probe.connect((host, each))
+
+
+def test_a_killed_child_counts_the_plain_jobs_it_held(zq_worker, tmp_path):
+    """A child SIGKILLed under a steady stream of plain jobs: the supervisor counts and logs the jobs it had
+    read into its process and not run (``seats.py``; ``zqsync.stats``: ``supervisor.jobs_lost_in_children``).
+    What libzmq and the kernel had buffered for it and not handed to Python is lost uncounted: at most the
+    socket's receive HWM (1000 messages per connection) plus the kernels' TCP buffers. Before the count, the
+    supervisor only logged a WARNING per child exit, and the stats said 0."""
+    worker = zq_worker(extra_args=DIRECT, concurrency=50)
+    target = tmp_path / "ran.txt"
+    killed_at = tmp_path / "killed.txt"
+    with zqsync.Client(slot_endpoint(worker, 0), call_timeout=slack(5.0)) as slot0:
+        victim = slot0.call("zqsync.stats")["pid"]
+    # At most 1,000 jobs/s (10 then a 10 ms pause) of 20 ms each, within the child's 2,500/s: about 20 run at
+    # any time, and none wait in its buffers for a slot.
+    stream = JobStream(slot_endpoint(worker, 0), target, delay=0.02, burst=10)
+    stream.start()
+    try:
+        wait_for(lambda: sum(count_lines(target).values()) >= 300, what="the load to be under way")
+        os.kill(victim, signal.SIGKILL)
+        killed_at.write_text(str(stream.accepted))
+        wait_for(lambda: "exited holding" in worker.output() or f"(pid {victim}) exited" in worker.output(),
+                 what="the supervisor to reap the killed child")
+        wait_for(lambda: stream.accepted >= int(killed_at.read_text()) + 200, what="the replacement to take jobs")
+    finally:
+        stream.stop()
+    assert stream.error is None
+    seen = settled(target, stream.accepted)
+    with zqsync.Client(worker.endpoint, call_timeout=slack(5.0)) as client:
+        lost = client.call("zqsync.stats")["supervisor"]["jobs_lost_in_children"]
+    uncounted = stream.accepted - len(seen) - lost
+    print(f"accepted {stream.accepted}, ran {len(seen)}, counted lost {lost}, uncounted {uncounted}")
+    assert max(seen.values()) == 1
+    assert f"(pid {victim}) exited holding {lost} plain job(s)" in worker.output()
+    assert 1 <= lost <= 50 + 1  # the running ones (each sleeps 20 ms), and one read and waiting for a slot
+    assert 0 <= uncounted <= UNCOUNTED_AT_KILL, "more lost uncounted than libzmq's and the kernel's buffers hold"
+
+
+#: Most plain jobs a SIGKILLed child can lose uncounted: its jobs socket's receive HWM (1000, one client
+#: connection) and what the two kernels' TCP buffers hold of ~100-byte jobs (measured: see docs/design.md).
+UNCOUNTED_AT_KILL = 1000 + 2000

@@ -251,10 +251,11 @@ def test_a_job_that_kills_its_process_is_dead_lettered_after_its_attempts_and_he
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", [[], ["--direct"]], ids=["router", "direct"])
 def test_under_a_supervisor_a_job_that_kills_its_process_is_dead_lettered_while_healthy_jobs_complete(
-        zq_worker, tmp_path):
+        zq_worker, tmp_path, mode):
     state, out, marks = tmp_path / "state", tmp_path / "out.txt", tmp_path / "poison.txt"
-    supervisor = zq_worker(TASKS, extra_args=["--processes", "2", "--state-dir", str(state)], concurrency=20)
+    supervisor = zq_worker(TASKS, extra_args=["--processes", "2", *mode, "--state-dir", str(state)], concurrency=20)
     healthy: list[str] = []
     with zqsync.Client(supervisor.endpoint, confirm_timeout=60) as client:
         confirm_poison(client, marks)

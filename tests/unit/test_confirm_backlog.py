@@ -9,7 +9,6 @@ import time
 
 import gevent
 import gevent.event
-import gevent.pool
 import msgpack
 import pytest
 from gevent import monkey
@@ -17,6 +16,7 @@ from gevent import monkey
 from tests.helpers import slack
 from zqsync.wire import envelope
 from zqsync.worker import Registry, group_commit
+from zqsync.worker.inline import TaskSlots
 from zqsync.worker.journal import Journal
 from zqsync.worker.runner import Runner
 from zqsync.worker.scheduler import build_scheduler
@@ -66,7 +66,7 @@ def _pending_rows(state_dir: str) -> int:
 
 @pytest.mark.timeout(60)
 def test_acknowledgements_past_the_backlog_bound_wait_for_a_free_place(tmp_path):
-    slots = gevent.pool.Pool(1)
+    slots = TaskSlots(1)
     gate = gevent.event.Event()
     slots.spawn(gate.wait)  # the only task slot is busy: jobs stay in the backlog
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", max_backlog=2, replay_interval=60.0)
@@ -106,7 +106,7 @@ def _confirm_with(scheduler, key: str, answer) -> None:
 @pytest.mark.timeout(60)
 def test_a_job_with_a_free_slot_costs_two_journal_operations_and_one_waiting_for_a_slot_three(tmp_path, monkeypatch):
     operations = _count_transactions(monkeypatch)
-    slots = gevent.pool.Pool(1)
+    slots = TaskSlots(1)
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
@@ -139,7 +139,7 @@ def gated(key: str) -> None:
 def test_a_job_that_yields_hands_dispatching_over_so_later_jobs_start_beside_it(tmp_path):
     RAN.clear()
     GATE.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(3), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), TaskSlots(3), f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
     try:
@@ -165,7 +165,7 @@ def _row(state_dir: str, job_id: str) -> tuple:
 @pytest.mark.timeout(60)
 def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_plain_pending_rows(tmp_path):
     RAN.clear()
-    slots = gevent.pool.Pool(2)
+    slots = TaskSlots(2)
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
     answers: list[dict] = []
@@ -188,7 +188,7 @@ def test_a_stop_turns_jobs_counted_by_their_insert_but_never_started_back_into_p
 @pytest.mark.timeout(60)
 def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_sequential_confirmed_jobs(tmp_path):
     RAN.clear()
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), TaskSlots(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
     writer = scheduler._commits._writer
     fires: list[float] = []  # monotonic seconds of each real timer callback
     wake = writer._wake_for_deferred
@@ -216,7 +216,7 @@ def _started(tmp_path):
     """A started scheduler with four task slots journaling into ``tmp_path``: no replay meanwhile, and deferred
     outcomes wait for the next batch (the writer thread is never woken for them alone, however slow the machine:
     it could be writing when the hub looks)."""
-    scheduler = build_scheduler(Runner(registry), gevent.pool.Pool(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler = build_scheduler(Runner(registry), TaskSlots(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler._commits._writer._linger = 600.0
     scheduler.start()
     return scheduler

@@ -26,6 +26,25 @@ def test_request_round_trip_is_identity(request_id, kind, task, args, kwargs):
     assert decoded == envelope.Request(request_id, kind, task, args, kwargs)
 
 
+options = st.fixed_dictionaries({}, optional={"due": st.floats(0, 1e10), "store": st.booleans(),
+                                               "expires": st.integers(0, 2**40)})
+
+
+@given(ids, st.sampled_from(envelope.KINDS), st.text(min_size=1, max_size=50), st.lists(values, max_size=4),
+       st.dictionaries(st.text(max_size=8), values, max_size=4), options,
+       st.none() | st.floats(0, 1e6))
+def test_a_request_encodes_to_the_bytes_of_its_map_packed_whole(request_id, kind, task, args, kwargs, opts, deadline):
+    """encode_request writes the map from pieces (envelope.py): the bytes must be msgpack's own for the same map,
+    in the same order, whatever the options, the deadline, and the (kind, task) pieces cached meanwhile."""
+    frame = envelope.encode_request(kind, request_id, task, args, kwargs, options=opts, deadline=deadline)
+    message = {"v": envelope.VERSION, "id": request_id, "kind": kind, "task": task, "args": args, "kwargs": kwargs}
+    if opts:
+        message["opts"] = opts
+    if deadline is not None:
+        message["deadline"], message["sent"] = float(deadline), msgpack.unpackb(frame)["sent"]
+    assert frame == msgpack.packb(message, use_bin_type=True)
+
+
 @given(ids, values)
 def test_result_reply_round_trip_is_identity(request_id, result):
     assert envelope.decode_reply(envelope.encode_result(request_id, result)) == envelope.Reply(request_id, True, result, None)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
@@ -33,6 +32,7 @@ from ..client.congestion import CongestionControl
 from ..client.jobs import JobStatus
 from ..client.lookups import remote_error_of
 from ..client.pool import SocketPool
+from ..client.process import new_id
 from ..client.rendezvous import FAILOVER_ATTEMPTS, Route
 from ..errors import CallTimeout, ClientClosed, ConfigurationError, PoolError, Unconfirmed
 from ..settings import ClientSettings
@@ -237,7 +237,7 @@ class AsyncClient:
     async def call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                       address: Optional[str] = None) -> envelope.Reply:
         """One call of ``name`` to ``address`` (an rpc endpoint; default every worker): the worker's reply."""
-        request_id = os.urandom(16).hex()
+        request_id = new_id()
         frame = envelope.encode_request("call", request_id, name, args, kwargs, deadline=timeout)
         return await self._request(frame, request_id, name, timeout, address)
 

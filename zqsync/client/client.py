@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-import os
 import sys
 import threading
 import time
@@ -40,10 +39,12 @@ from .congestion import CongestionControl
 from .jobs import Job, JobStatus, expiry
 from .lookups import base_of, remote_error_of
 from .pool import SocketPool
+from .process import new_id
 from .rendezvous import FAILOVER_ATTEMPTS, Route
 from .routes import Routes
 
 log = logging.getLogger(__name__)
+_new_str = str.__new__
 
 class Client:
     """Enqueue jobs and call tasks on one or more zqsync workers.
@@ -204,9 +205,11 @@ class Client:
         """
         if self._routed or self._closed:  # matching a route, or raising ClientClosed: the general path
             return self.enqueue_with_options(task, args=args, kwargs=kwargs)
-        job_id = os.urandom(16).hex()
+        job_id = new_id()
         frame = envelope.encode_request("job", job_id, _task_name(task), args, kwargs)
-        return Job(self._send_job(frame, job_id, self.congestion, None), self)
+        job = _new_str(Job, self._send_job(frame, job_id, self.congestion, None))  # Job(...), without its frame
+        job.client = self
+        return job
 
     def enqueue_with_options(
         self,
@@ -307,7 +310,8 @@ class Client:
         """Send a plain job's frame: the express lane (``express.py``) first, else a lease under congestion control."""
         if self._discovery is not None:
             self._rediscover()
-        address = self._avoided.address(self.endpoints, self._jobs_address)
+        avoided = self._avoided
+        address = avoided.address(self.endpoints, self._jobs_address) if avoided.until else self._jobs_address
         if not CONGESTION.is_marked(self._jobs_address) and express.try_send(self._jobs, address, frame):
             self._counts["enqueued"] += 1
             return job_id
@@ -417,7 +421,7 @@ class Client:
 
     def _call_at(self, name: str, args: tuple, kwargs: dict, timeout: float,
                  address: Optional[str] = None, multiplexed: bool = False) -> envelope.Reply:
-        request_id = os.urandom(16).hex()
+        request_id = new_id()
         frame = envelope.encode_request("call", request_id, name, args, kwargs, deadline=timeout)
         return self._request(frame, request_id, name, timeout, address=address, multiplexed=multiplexed)
 
@@ -621,7 +625,7 @@ def job_request(task: str, args: Iterable[Any], kwargs: Optional[Mapping[str, An
     """A job's frame from ``enqueue_with_options``' arguments (checked as it documents), with its id, whether it
     is confirmed (a delayed job is) and its checked ``send_timeout``; shared by the asyncio client. ``canvas``:
     a confirmed job's successors (``zqsync/worker/canvas.py``)."""
-    job_id = os.urandom(16).hex() if job_id is None else job_id
+    job_id = new_id() if job_id is None else job_id
     options: dict[str, Any] = {"store": True} if store_result and not confirm else {}
     due = _due(delay, eta)
     if due is not None:

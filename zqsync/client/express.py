@@ -9,13 +9,12 @@ It bypasses the lease object, the permit wait and congestion control's
 timers, and keeps the pool's rules (docs/design.md, "The pool's rules") as
 follows:
 
-* **Fork check on every call (rule 9).** ``os.getpid()`` is compared with the
-  pool's pid before anything else; after a fork the lane declines and the
-  full lease resets the pool. The per-thread owner cache below also carries
-  the pid and is rebuilt when it differs.
-* **Per-owner keying (rule 1).** The owner key comes from a per-native-thread
-  cache of ``(pid, hub, key)``, checked against the current pid and the
-  thread's current hub on every call; a miss asks `current_owner`.
+* **Fork check on every call (rule 9).** The pid (``process.getpid``: right
+  after any fork, C-level ones included) is compared with the pool's pid
+  before anything else; after a fork the lane declines and the full lease
+  resets the pool.
+* **Per-owner keying (rule 1).** The owner key is `current_owner`'s, as a
+  lease's (its per-thread caches carry the pid and the hub).
 * **Exclusive lease (rule 2).** The socket stays in its idle bucket and is
   used only while the pool's lock is held, without yielding (a C-level
   ``NOBLOCK`` send never waits), so no other lessee can hold it at the same
@@ -51,30 +50,20 @@ always takes the full path.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import greenlet
 import zmq
+from greenlet import getcurrent
 
 from . import notices
-from .owner import _native_local, current_hub, current_owner
+from .owner import current_owner
 from .pool import SocketPool, _holders
+from .process import getpid
 
-_slot = _native_local()
 _c_send = zmq.backend.Socket.send  # the C-level send, even on a zmq.green socket: no EVENTS poll after it
-_c_get = zmq.backend.Socket.get
-
-
-def owner_key(pid: int) -> tuple:
-    """The calling thread's (or hub's) owner key, from a per-thread cache checked against ``pid`` and the hub."""
-    hub = current_hub()
-    cached = getattr(_slot, "cached", None)
-    if cached is not None and cached[0] == pid and cached[1] is hub:
-        return cached[2]
-    key = current_owner(pid).key
-    _slot.cached = (pid, hub, key)
-    return key
+_c_get: Any = zmq.backend.Socket.get  # returns an int for EVENTS
+# Plain ints: pyzmq's enum members cost an enum operation each time they are combined.
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
@@ -88,10 +77,10 @@ def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
 
     Never blocks and never raises a ``ZMQError``.
     """
-    pid = os.getpid()
-    if pool._pid != pid or pool._closed or greenlet.getcurrent() in _holders:
+    pid = getpid()
+    if pool._pid != pid or pool._closed or getcurrent() in _holders:
         return False
-    key = (owner_key(pid), address)
+    key = (current_owner(pid).key, address)
     permits = pool._permits.get(key)
     lock = pool._lock
     if permits is None or not lock.acquire(False):
@@ -101,14 +90,16 @@ def try_send(pool: SocketPool, address: Any, frame: bytes) -> bool:
         if not bucket or not permits.available():
             return False
         sock = bucket[-1]
-        if pool.sent_on(sock) % notices.CHECK_EVERY == 0 and int(_c_get(sock, zmq.EVENTS)) & zmq.POLLIN:
+        sent = pool._sent
+        count = sent.get(sock, 0)
+        if not count % notices.CHECK_EVERY and _c_get(sock, _EVENTS) & _POLLIN:
             return False  # maybe a worker's stopping notice: the full path reads it
         try:
-            _c_send(sock, frame, zmq.NOBLOCK)
+            _c_send(sock, frame, _NOBLOCK)
         except zmq.ZMQError:
             return False
         pool._stats["reused"] += 1
-        pool.note_sent(sock)
+        sent[sock] = count + 1  # SocketPool.note_sent, inline: the lock is held
         return True
     finally:
         lock.release()

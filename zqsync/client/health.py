@@ -38,6 +38,7 @@ from ..errors import CallTimeout, PoolError, ProtocolError
 from ..wire import envelope
 from . import transport
 from .owner import current_owner
+from .process import getpid, new_id
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Health:
         self._pid = pid
 
     def _state(self) -> dict[str, _Down]:
-        if self._pid != os.getpid():  # a forked child: nothing the parent knew or probes is ours
+        if self._pid != getpid():  # a forked child: nothing the parent knew or probes is ours
             self._reset(os.getpid())
         return self._down
 
@@ -182,7 +183,7 @@ def ask(pool: Any, rpc: str, task: str, timeout: float) -> envelope.Reply:
     :raises PoolError: no socket came free within ``timeout`` seconds.
     :raises ProtocolError: a malformed reply.
     """
-    request_id = os.urandom(16).hex()
+    request_id = new_id()
     frame = envelope.encode_request("call", request_id, task, (), {}, deadline=timeout)
     with pool.lease(rpc, timeout=timeout, fresh=True) as sock:
         deadline = time.monotonic() + timeout

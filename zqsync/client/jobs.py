@@ -132,10 +132,11 @@ class Job(str, Generic[R]):
     :ivar client: the `Client` that sent it (a route's client for a routed task).
     """
 
+    __slots__ = ("client",)  # no instance dict: a plain enqueue makes one of these per job
     client: "Client"
 
     def __new__(cls, job_id: str, client: "Client") -> "Job[R]":
-        job = super().__new__(cls, job_id)
+        job = str.__new__(cls, job_id)
         job.client = client
         return job
 

@@ -50,21 +50,24 @@ def match(endpoint: str, endpoints: tuple[str, ...]) -> Optional[str]:
 
 
 class Avoided:
-    """Endpoints left out until a deadline (monotonic seconds)."""
+    """Endpoints left out until a deadline (monotonic seconds).
+
+    :ivar until: ``{endpoint: monotonic seconds}``; empty (the common case, read without a call) when none is.
+    """
 
     def __init__(self) -> None:
-        self._until: dict[str, float] = {}
+        self.until: dict[str, float] = {}
 
     def add(self, endpoint: str) -> None:
-        self._until[endpoint] = time.monotonic() + AVOID_FOR
+        self.until[endpoint] = time.monotonic() + AVOID_FOR
 
     def address(self, endpoints: tuple[str, ...], default: Any) -> Any:
         """``default``, or the endpoints not avoided (``()``: every one is, connect to none)."""
-        if not self._until:
+        if not self.until:
             return default
         now = time.monotonic()
-        self._until = {name: until for name, until in self._until.items() if until > now}
-        kept = tuple(name for name in endpoints if name not in self._until)
+        self.until = {name: until for name, until in self.until.items() if until > now}
+        kept = tuple(name for name in endpoints if name not in self.until)
         if len(kept) == len(endpoints):
             return default
         return kept if len(kept) != 1 else kept[0]

@@ -104,10 +104,14 @@ def current_owner(pid: Optional[int] = None) -> Owner:
     pid = os.getpid() if pid is None else pid
     hub = current_hub()
     if hub is not None:
+        cached = getattr(_thread_slot, "hub_owner", None)  # (hub, its owner): a hub runs in one thread only
+        if cached is not None and cached[0] is hub and cached[1].key[0] == pid:
+            return cached[1]  # type: ignore[no-any-return]
         owner = _hub_owners.get(hub)
         if owner is None or owner.key[0] != pid:
             owner = Owner((pid, "hub", next(_serials)), True, _alive_while(weakref.ref(hub), hub=True))
             _hub_owners[hub] = owner
+        _thread_slot.hub_owner = (hub, owner)
         return owner
     owner = getattr(_thread_slot, "owner", None)
     if owner is None or owner.key[0] != pid:

@@ -79,6 +79,7 @@ from ..settings import ClientSettings
 from . import iosched, lifecycle
 from .owner import Owner, current_owner
 from .permits import new_permits
+from .process import getpid
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class SocketPool:
         Use the result in a ``with`` statement at once: the slot is taken
         when ``lease`` returns and given back when the block ends.
         """
-        pid = os.getpid()
+        pid = getpid()
         holder = self._check_can_lease(pid)
         if len(self._owners) > 1 and time.monotonic() >= self._next_sweep:
             self._sweep()

@@ -51,6 +51,7 @@ from ..wire import envelope
 from . import transport
 from .owner import Owner, current_owner
 from .pool import Address, SocketPool
+from .process import getpid
 
 #: What `Channel.request` returns for a frame that did not leave within its ``send_within``.
 UNSENT = object()
@@ -234,7 +235,7 @@ class Waits:
         return self._channel(address).request(frame, request_id, timeout, send_within)
 
     def _channel(self, address: Address) -> Channel:
-        pid = os.getpid()
+        pid = getpid()
         if pid != self._pid:  # a forked child: the pool disowns the parent's sockets; forget them
             self._lock, self._pid, self._channels = _common.native_lock(), pid, {}
         owner = current_owner(pid)

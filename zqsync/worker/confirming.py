@@ -60,12 +60,12 @@ class Confirming:
         if refusal:  # fail fast until the write loop finds the journal writable
             answer(self._refuse(request, refusal))
             return
-        kept: dict[str, Any] = {key: request.options[key] for key in ("expires", "canvas") if key in request.options}
+        kept = {key: request.options[key] for key in ("expires", "canvas") if key in request.options}
         wrong = check_spec(kept["canvas"]) if "canvas" in kept else None
         if wrong:
             answer(envelope.encode_error(request.id, "ProtocolError", f"job {request.id}: {wrong}"))
             return
-        body = envelope.encode_again(request, "job", kept)
+        body = envelope.encode_request("job", request.id, request.task, request.args, request.kwargs, options=kept)
         due = float(request.options.get("due", 0.0))  # checked when the request was decoded
         now = time.time()
         due = due if due > now else 0.0

@@ -12,9 +12,10 @@ import collections
 import logging
 import os
 import time
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import gevent
+import gevent.event
 import gevent.pool
 import zmq
 
@@ -22,7 +23,7 @@ from .. import _common, fdlimit
 from ..logs import RateLimitedLog
 from ..settings import WorkerSettings
 from .admission import ADMISSIONS, HELD_CONFIRMS, Admissions, HeldConfirms
-from .inline import Reader
+from .inline import Reader, TaskSlots
 from .intake import Intake, intake_for
 from .listeners import DirectBackend
 from .queues import build_queues
@@ -50,7 +51,10 @@ class Core:
 
     jobs: zmq.Socket
     rpc: zmq.Socket
-    _readers: tuple[Reader, Reader]
+    #: The readers of the jobs and rpc sockets, and of the intake's stolen-work socket if it has one.
+    _readers: tuple[Reader, ...]
+    #: Runs a plain job in a slot (the scheduler's, counted as the intake needs: ``Intake.count_plain``).
+    _run_plain: Callable[[bytes], None]
 
     def __init__(
         self,
@@ -80,9 +84,12 @@ class Core:
         self.runner.counters.update(dict.fromkeys(STOP_COUNTERS, 0))
         self.identities: collections.Counter[bytes] = collections.Counter()
         self.started_at = time.time()
-        self._slots = gevent.pool.Pool(self.concurrency)
+        self._slots = TaskSlots(self.concurrency)
         self.queues = build_queues(self.settings.queues, self.concurrency)
         self._calls = gevent.pool.Group()
+        self._stolen: collections.deque[bytes] = collections.deque()  # stolen plain jobs waiting for a slot
+        self._stolen_ready = gevent.event.Event()  # set when one is added (receiving.py)
+        self._stolen_starter: list[gevent.Greenlet] = []  # the greenlet that starts them
         self._waiting = gevent.pool.Pool(WAITING_CALLS)
         self._admin = gevent.pool.Pool(ADMIN_CALLS)
         self._long_polls = gevent.pool.Pool(LONG_POLLS)

@@ -7,6 +7,12 @@ pair. No message crosses the supervisor. Besides, as a supervised child does, it
 an admin socket and answers ``zqsync.stats`` for the whole worker (``fleet.py``), and it answers
 ``zqsync.endpoints`` with every slot's base port, which a client with ``expand_prefork`` turns into one
 endpoint per child (``client/announce.py``).
+
+It keeps the router's liveness promises without a hop per message (``steal.py``, ``seats.py``): its hub
+stamps its seat in the supervisor's shared table every ``STAMP_EVERY`` seconds (freshness, free slots); a
+native relay thread steals its work for a free sibling while that stamp is stale (its hub is blocked); a
+stolen-work ROUTER takes what siblings' relays steal for it; and it counts the plain jobs it reads and
+ends, so the supervisor can count those a SIGKILLed child held.
 """
 
 from __future__ import annotations
@@ -14,13 +20,19 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
+import gevent
+import gevent.pool
 import zmq
 
+from .._common import native_lock
 from ..errors import ConfigurationError
 from ..settings import WorkerSettings
 from .binding import configure_pair
+from .inline import Reader
 from .intake import Keep, Report, StandaloneIntake, quiesce, serve_siblings, whole_worker_stats
 from .listeners import DirectBackend, bind_inherited
+from .seats import ACCOUNTED, ENDED, FREE, PID, STAMP_EVERY, TAKEN, TICK, WIDTH, now
+from .steal import LINGER, Relay, stolen_endpoint
 
 
 class DirectIntake(StandaloneIntake):
@@ -37,12 +49,89 @@ class DirectIntake(StandaloneIntake):
         self.backend, self.ready_file = backend, ready_file
         self._context: Optional[zmq.Context] = None
         self._public_jobs = ""
+        self._lock = native_lock()  # every use of the jobs and rpc ROUTERs holds it (steal.py)
+        self._row = backend.seat * WIDTH
+        self._readers: list[Reader] = []
+        self._relay: Optional[Relay] = None
+        self._rpc: Optional[zmq.Socket] = None
+        self._slots: Optional[gevent.pool.Pool] = None
+        self._watchers: list[Any] = []
+        self._serving = True
 
     def open(self, context: zmq.Context, jobs: zmq.Socket, rpc: zmq.Socket, report: Report) -> str:
-        self._context = context
+        self._context, self._rpc = context, rpc
         endpoint = super().open(context, jobs, rpc, report)
         serve_siblings(self, context, self.backend.directory, report)
+        self.stolen = context.socket(zmq.ROUTER)
+        self.stolen.setsockopt(zmq.LINGER, LINGER)  # the last answers to siblings' relays still go out
+        self.stolen.bind(stolen_endpoint(self.backend.directory, os.getpid()))
+        self.sockets.append(self.stolen)
+        self.backend.seats.ints[self._row + PID] = os.getpid()
+        self._relay = Relay(context, jobs, rpc, self._lock, self.backend.seats, self.backend.seat,
+                            self.backend.directory, self._wake_hub)
         return endpoint
+
+    def reader(self, sock: zmq.Socket) -> Reader:
+        """Its relay also uses the jobs and rpc sockets: their readers hold the lock (``steal.py``)."""
+        reader = Reader(sock, self._lock if sock is not self.stolen else None)
+        self._readers.append(reader)
+        return reader
+
+    def start(self, slots: gevent.pool.Pool, admissions: Any) -> None:
+        """Stamp the seat every ``STAMP_EVERY`` seconds (a libev timer: no greenlet), and start the relay."""
+        assert self._relay is not None
+        self._slots = slots
+        loop = gevent.get_hub().loop
+        stamp, wake = loop.timer(0.0, STAMP_EVERY), loop.async_()
+        stamp.start(self._stamp)
+        wake.start(self._look_again)
+        self._watchers = [stamp, wake]
+        self._stamp()
+        self._relay.start()
+
+    def _stamp(self) -> None:
+        seats, row = self.backend.seats, self._row
+        seats.floats[row + TICK] = now()
+        seats.ints[row + FREE] = self._slots.free_count() if self._serving and self._slots is not None else 0
+
+    def _wake_hub(self) -> None:
+        """From the relay's thread: the hub's parked readers must look at their sockets (`_look_again`)."""
+        if self._watchers:
+            self._watchers[1].send()
+
+    def _look_again(self) -> None:
+        """In the hub, after the relay used the sockets: remember the clients whose jobs it stole (for the
+        stopping notice), and let every parked reader look for input whose announcement it consumed."""
+        assert self._relay is not None and self._peers is not None
+        senders = self._relay.senders
+        while senders:
+            self._peers.frame([senders.popleft(), b""])
+        for reader in self._readers:
+            reader.kick()
+
+    def read_job(self, reader: Reader) -> Optional[bytes]:
+        frame = super().read_job(reader)
+        self.backend.seats.ints[self._row + TAKEN] += 1
+        return frame
+
+    def took_stolen(self) -> None:
+        self.backend.seats.ints[self._row + TAKEN] += 1
+
+    def count_plain(self, run: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """``run`` that counts, in the seat, each plain job through its attempt (``seats.py``)."""
+        ints, at = self.backend.seats.ints, self._row + ENDED
+
+        def counted(frame: bytes) -> None:
+            try:
+                run(frame)
+            finally:
+                ints[at] += 1
+
+        return counted
+
+    def stop_offering(self) -> None:
+        self._serving = False
+        self._stamp()
 
     def _bind(self, jobs: zmq.Socket, rpc: zmq.Socket) -> tuple[str, str]:
         """Bind the public pair and the slot's pair; the stopping notice names the slot's jobs endpoint
@@ -65,7 +154,9 @@ class DirectIntake(StandaloneIntake):
         """As a standalone worker; but retired by a rolling restart (the supervisor's ``READY.retiring``), its
         notice names no endpoint: its replacement already serves the same addresses, and a client that left
         them out would have none to send to while every child is replaced in turn."""
-        assert self._peers is not None
+        assert self._peers is not None and self._relay is not None
+        self._relay.stop_stealing()
+        self._look_again()
         if self.ready_file and os.path.exists(f"{self.ready_file}.retiring"):
             self._peers.named = ""
         quiesce(self._peers, keep, also=(self._public_jobs,))
@@ -73,6 +164,24 @@ class DirectIntake(StandaloneIntake):
             with open(f"{self.ready_file}.drained", "w") as drained:
                 drained.write("direct")
         return f"{self._peers.endpoint} and {self._public_jobs}"
+
+    def unwatch(self, sock: zmq.Socket) -> None:
+        if sock is self._rpc and self._relay is not None:  # it is about to close: the relay sends no more on it
+            self._relay.stop()
+        super().unwatch(sock)
+
+    def close(self) -> None:
+        """As a standalone intake, after the relay has ended; the seat records that this child accounted
+        for its jobs itself (the supervisor then counts none lost with it)."""
+        if self._relay is not None:
+            self._relay.stop()
+        for watcher in self._watchers:
+            watcher.stop()
+        self._watchers = []
+        self.backend.seats.ints[self._row + ACCOUNTED] = 1
+        if self.stolen is not None:
+            self.stolen.close()  # with its linger, not the intake's 0
+        super().close()
 
     def stats(self, local: Report, report: Report) -> dict[str, Any]:
         """The whole worker's stats, gathered from every child (``fleet.py``; blocks the calling greenlet

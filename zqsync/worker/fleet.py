@@ -46,11 +46,13 @@ def admin_endpoint(directory: str, pid: int) -> str:
 
 
 def remove_admin_socket(directory: str, pid: int) -> None:
-    """Remove a reaped child's admin socket file (a SIGKILLed child leaves it behind)."""
-    try:
-        os.unlink(os.path.join(directory, f"admin-{pid}"))
-    except FileNotFoundError:
-        pass
+    """Remove a reaped child's admin socket file, and its stolen-work socket's (``steal.py``; a SIGKILLed
+    child leaves them behind)."""
+    for name in (f"admin-{pid}", f"stolen-{pid}"):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
 
 
 def write_supervisor_file(directory: str, info: dict[str, Any]) -> None:

@@ -31,13 +31,14 @@ in a pool greenlet, since they act on the process's main thread.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional, cast
 
 import gevent
 import gevent.pool
 import zmq
 from gevent.hub import Waiter
+
+from .._common import native_lock, on_fork_in_child
 
 #: libev/libuv readiness flag for a read watcher.
 READ = 1
@@ -46,6 +47,9 @@ YIELD_EVERY = 64
 #: The backend's C-level send of one frame: ``_send(socket, frame, flags)`` (pyzmq's sugar ``Socket``
 #: subclasses it).
 _send = zmq.backend.Socket.send
+#: The backend's C-level receive of one frame, and its option read (``RCVMORE``), past pyzmq's Python
+#: ``recv_multipart``: 4,100 fewer instructions per two-frame message (callgrind).
+_recv, _get, _RCVMORE = zmq.backend.Socket.recv, zmq.backend.Socket.get, int(zmq.RCVMORE)
 #: Flags of every frame but a message's last, and of its last.
 _MORE, _LAST = zmq.SNDMORE | zmq.NOBLOCK, zmq.NOBLOCK
 
@@ -55,10 +59,13 @@ class Reader:
 
     :param sock: the socket to read; its other users send with `reply`
         (or call `kick` after their own sends).
+    :param lock: a native lock every libzmq call on ``sock`` holds: another thread's too, which makes the
+        socket safe to share (a direct prefork child's relay, ``steal.py``); by default one of its own.
     """
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, lock: Any = None) -> None:
         self.sock = sock
+        self._lock = lock if lock is not None else native_lock()
         self.raw: zmq.Socket = zmq.Socket.shadow(sock.underlying)
         _quiet(sock)
         self._hub = gevent.get_hub()
@@ -73,21 +80,28 @@ class Reader:
         Every `YIELD_EVERY` messages read without waiting it yields to the hub first (before
         reading, so a greenlet killed there holds no message): under a flood of tasks run inline, the
         hub must still run signals, the watchdog and the other sockets' greenlets."""
-        self._fair()
-        while True:
-            try:
-                return self.raw.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                self._wait()
+        return cast(bytes, self._read(self.raw.recv))
 
     def recv_multipart(self) -> list[bytes]:
         """One message's frames; blocks and yields as `recv` does."""
+        return cast(list, self._read(self._frames))
+
+    def _frames(self, flags: int) -> list[bytes]:
+        raw = self.raw
+        frames = [_recv(raw, flags)]
+        while _get(raw, _RCVMORE):
+            frames.append(_recv(raw, flags))
+        return frames
+
+    def _read(self, receive: Callable[[int], Any]) -> Any:
         self._fair()
         while True:
-            try:
-                return self.raw.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                self._wait()
+            with self._lock:
+                try:
+                    return receive(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            self._wait()
 
     def _fair(self) -> None:
         self._streak += 1
@@ -107,9 +121,10 @@ class Reader:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         raw = self.raw
         try:
-            for frame in envelope:
-                _send(raw, frame, _MORE)
-            _send(raw, body, _LAST)
+            with self._lock:
+                for frame in envelope:
+                    _send(raw, frame, _MORE)
+                _send(raw, body, _LAST)
         finally:
             self.kick()
 
@@ -125,9 +140,15 @@ class Reader:
         """In the hub: wake the parked reader if a message waits (or the socket closed: it then fails)."""
         self._looking = False
         waiter = self._waiter
-        if waiter is not None and (self.sock.closed or cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN):
+        if waiter is not None and self._readable():
             self._waiter = None
             waiter.switch(None)
+
+    def _readable(self) -> bool:
+        """Whether a message waits (or the socket closed: a read then fails). Holds the lock, never across the
+        wake-up: the woken reader takes it itself."""
+        with self._lock:
+            return self.sock.closed or bool(cast(int, self.raw.get(zmq.EVENTS)) & zmq.POLLIN)
 
     def _wait(self) -> None:
         self._streak = 0
@@ -150,7 +171,40 @@ def _quiet(sock: zmq.Socket) -> None:
         watcher.stop()
 
 
-def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callable[..., Any], *args: Any) -> bool:
+class TaskSlots(gevent.pool.Pool):
+    """The worker's task slots: a ``gevent.pool.Pool`` that a task run inline also holds, cheaply.
+
+    `run_inline` holds a slot for the greenlet that runs the task with `hold` and gives it back with
+    `release`, in a ``finally``. ``Pool.add`` would also link the greenlet to the pool so that its death
+    frees the slot, and ``discard`` unlink it: a bound method made and a link list searched per task,
+    which cost about a tenth of a trivial plain job's CPU on the worker. Everything else is the
+    pool's own (``free_count``, ``wait_available``, ``spawn``, ``kill``, ``join``, membership).
+    It relies on the pool's semaphore (``_semaphore``) and discard hook (``_discard``), which gevent's
+    ``Pool`` has used since 1.0; `tests/unit/test_task_slots.py` holds it to the pool's contract.
+    """
+
+    def hold(self, greenlet: Any) -> None:
+        """Count ``greenlet`` as running in a slot; one must be free (never blocks).
+
+        :raises gevent.pool.PoolFull: every slot is taken.
+        """
+        if not self._semaphore.acquire(blocking=False):
+            raise gevent.pool.PoolFull()
+        self.greenlets.add(greenlet)
+        self._empty_event.clear()
+
+    def release(self, greenlet: Any) -> None:
+        """Give back the slot `hold` took for ``greenlet`` (as the pool does when a spawned greenlet ends)."""
+        self._discard(greenlet)
+
+
+#: Bumped in a forked child: a hand-off callback copied into a child by a task that forked must not run
+#: there (`run_inline`). A counter read, not ``os.getpid()``, which is a system call per task.
+_forks = [0]
+on_fork_in_child(lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+def run_inline(slots: TaskSlots, hand_off: Callable[[], None], fn: Callable[..., Any], *args: Any) -> bool:
     """Run ``fn(*args)`` in the calling greenlet, holding one slot of ``slots`` (which must have a free one).
 
     :param hand_off: called from the hub if ``fn`` yields before it returns: it must start a new
@@ -159,22 +213,23 @@ def run_inline(slots: gevent.pool.Pool, hand_off: Callable[[], None], fn: Callab
     :returns: ``True`` if the caller is still the receiver, ``False`` if it handed off (it must then
         return once ``fn`` is done). Exceptions of ``fn`` propagate, after the slot is released.
     """
-    current, pid = gevent.getcurrent(), os.getpid()
-    handed: list[bool] = []
+    current, generation = gevent.getcurrent(), _forks[0]
+    handed = False
 
     def yielded() -> None:
-        handed.append(True)
-        if os.getpid() == pid:  # a task that forked: its child must never take over the worker's sockets
+        nonlocal handed
+        handed = True
+        if _forks[0] == generation:  # a task that forked: its child must never take over the worker's sockets
             hand_off()
 
-    slots.add(current)
+    slots.hold(current)
     callback = gevent.get_hub().loop.run_callback(yielded)
     try:
         fn(*args)
     finally:
         callback.stop()
-        slots.discard(current)
+        slots.release(current)
     return not handed
 
 
-__all__ = ["Reader", "run_inline"]
+__all__ = ["Reader", "TaskSlots", "run_inline"]

@@ -77,6 +77,8 @@ class Intake:
         #: Counters merged into the worker's local stats.
         self.connections: dict[str, int] = {}
         self.endpoint = ""
+        #: A socket of work stolen for this worker by a blocked sibling's relay (direct prefork: ``steal.py``).
+        self.stolen: Optional[zmq.Socket] = None
 
     def open(self, context: zmq.Context, jobs: zmq.Socket, rpc: zmq.Socket, report: Report) -> str:
         """Bind or connect ``jobs`` and ``rpc``; returns the endpoint the worker is known by.
@@ -91,8 +93,19 @@ class Intake:
         """The ``zqsync.*`` calls of its own, by name, added to the worker's."""
         return {}
 
+    def reader(self, sock: zmq.Socket) -> Reader:
+        """The `Reader` of one of its sockets (the jobs, rpc or stolen-work socket), made once the worker serves."""
+        return Reader(sock)
+
     def start(self, slots: gevent.pool.Pool, admissions: Any) -> None:
         """The worker starts serving, with these task slots and admission places."""
+
+    def count_plain(self, run: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """The function that runs a plain job (``Scheduler.run_plain``), counting as this intake needs."""
+        return run
+
+    def took_stolen(self) -> None:
+        """A plain job stolen for this worker was read from the `stolen` socket (hot path only when stealing)."""
 
     def read_job(self, reader: Reader) -> Optional[bytes]:
         """Read one job frame from the jobs socket (blocks the calling greenlet); ``None``: a control

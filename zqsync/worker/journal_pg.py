@@ -20,10 +20,12 @@ expires the lease at once, so its pending rows are taken over without waiting.
 An expired owner is forgotten (`sweep_owners`) once it
 owns no pending row.
 
-A broken connection (the server restarted or failed over) is replaced on the
+Group commits (`PostgresJournal.write_all`, `probe`) run on a session of their own, the writer's
+(``journal_pg_batch.py`` says how it keeps a job cheap for the server); every other call runs on the
+main session. A broken connection (the server restarted or failed over) is replaced on the
 next call; the call that saw it fails, and the worker retries it (group
-commit's backoff). Every method blocks; one lock serialises the connection
-across threads, as in the SQLite journal.
+commit's backoff). Every method blocks; a lock per session serialises it across threads, as in the
+SQLite journal.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from .journal_api import (
     Start,
     joined,
 )
-from .journal_pg_batch import Batch
+from .journal_pg_batch import WRITER_SETTINGS, Batch, register_arrays
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,9 @@ _start_thread = monkey.get_original("_thread", "start_new_thread")
 
 #: Seconds a lease lasts unless renewed (the takeover time is about this plus the replay interval).
 LEASE = 10.0
+#: Seconds the writer inserts with ``ON CONFLICT DO NOTHING`` after a batch met a duplicate id
+#: (``journal_pg_batch.py``): duplicates tend to come together (a client's resends, a failover).
+SAFE_FOR = 10.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS zqsync_jobs (
@@ -81,9 +86,12 @@ CREATE TABLE IF NOT EXISTS zqsync_jobs (
     started_at DOUBLE PRECISION,
     finished_at DOUBLE PRECISION
 );
--- Pending rows by owner serve claims and replays; every index costs each insert and outcome.
+-- Pending rows by owner serve claims and replays, finished rows by age purges; every index costs each insert
+-- and outcome it holds a row of (a pending job's insert is in the first only, its outcome in the second only).
 CREATE INDEX IF NOT EXISTS zqsync_jobs_to_replay ON zqsync_jobs (owner, replay, next_at) WHERE state = 'pending';
-CREATE INDEX IF NOT EXISTS zqsync_jobs_by_state_updated ON zqsync_jobs (state, updated_at);
+CREATE INDEX IF NOT EXISTS zqsync_jobs_finished ON zqsync_jobs (state, updated_at) WHERE state <> 'pending';
+-- Journals made before this index existed had every row in this one instead: migrated here.
+DROP INDEX IF EXISTS zqsync_jobs_by_state_updated;
 CREATE TABLE IF NOT EXISTS zqsync_owners (
     token TEXT PRIMARY KEY,
     host TEXT NOT NULL,
@@ -146,18 +154,26 @@ class PostgresJournal(JournalBackend):
         self._renewed: Optional[Any] = None  # held while it runs
         self._pid = os.getpid()  # a forked child must neither use nor close the parent's session
         self._db = self._connect()
+        self._write_lock = native_lock()
+        self._writer: Optional[psycopg.Connection] = None  # write_all's own session, opened by the first
+        self._safe_until = 0.0  # time.monotonic() until which new jobs are inserted ON CONFLICT DO NOTHING
         with self._lock, self._db.transaction():
             self._db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             self._db.execute(SCHEMA)
 
-    def _connect(self) -> psycopg.Connection:
+    def _connect(self, writer: bool = False) -> psycopg.Connection:
         """A new session. Every statement is planned for its own parameters (``force_custom_plan``): psycopg
         prepares a statement on its 6th run, and the plan PostgreSQL then keeps for any parameters (a generic
         plan, which knows neither the batch's size nor the table's growth since its statistics were taken)
-        joined a batch's arrays to the whole table, one sequential scan per batch."""
+        joined a batch's arrays to the whole table, one sequential scan per batch. The ``writer`` session
+        (`write_all`, `probe`) plans its statements once instead, under ``journal_pg_batch.WRITER_SETTINGS``,
+        and sends its arrays in binary, UTF-8."""
         db = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.busy_timeout)),
-                             application_name="zqsync")
-        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; SET plan_cache_mode = force_custom_plan")
+                             application_name="zqsync writer" if writer else "zqsync", client_encoding="UTF8")
+        plans = WRITER_SETTINGS if writer else "SET plan_cache_mode = force_custom_plan"
+        db.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}; {plans}")
+        if writer:
+            register_arrays(db)
         return db
 
     def _transaction(self, work: Callable[[psycopg.Connection], Any], atomic: bool = True) -> Any:
@@ -168,10 +184,23 @@ class PostgresJournal(JournalBackend):
         with self._lock:
             if self._db.closed or self._db.broken:
                 self._db = self._connect()
-            if not atomic:
-                return work(self._db)
-            with self._db.transaction():
-                return work(self._db)
+            return self._run(self._db, work, atomic)
+
+    def _write(self, work: Callable[[psycopg.Connection], Any], atomic: bool = True) -> Any:
+        """`_transaction` on the writer session (opened on first use)."""
+        if os.getpid() != self._pid:
+            raise RuntimeError("this PostgreSQL journal connection belongs to the process that opened it")
+        with self._write_lock:
+            if self._writer is None or self._writer.closed or self._writer.broken:
+                self._writer = self._connect(writer=True)
+            return self._run(self._writer, work, atomic)
+
+    @staticmethod
+    def _run(db: psycopg.Connection, work: Callable[[psycopg.Connection], Any], atomic: bool) -> Any:
+        if not atomic:
+            return work(db)
+        with db.transaction():
+            return work(db)
 
     def _read(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
         return list(self._transaction(lambda db: db.execute(query, params).fetchall()))
@@ -237,31 +266,40 @@ class PostgresJournal(JournalBackend):
 
     def probe(self) -> None:
         """One row of this owner's written to ``zqsync_probes`` and committed. :raises psycopg.Error: as `write_all`."""
-        self._transaction(lambda db: db.execute(
+        self._write(lambda db: db.execute(
             "INSERT INTO zqsync_probes (owner, at) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE SET at = EXCLUDED.at",
             (self.token or "", time.time())))
 
     def write_all(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> tuple[list[Optional[str]], set[str]]:
-        """`JournalBackend.write_all` in one PostgreSQL transaction: most often one statement
-        (``journal_pg_batch.py``).
+        """`JournalBackend.write_all` in one PostgreSQL transaction on the writer session: most often one
+        statement (``journal_pg_batch.py``). A batch that meets a duplicate id is written again with
+        ``ON CONFLICT DO NOTHING``, as are those of the next `SAFE_FOR` seconds.
 
         :raises psycopg.Error: the write failed (server gone, lock timeout, disk full, ...; nothing is committed).
         """
         batch = Batch(self.token, jobs, outcomes, starts)
+        if not any(batch.kinds):
+            return [], set()
+        try:
+            return self._write_batch(batch, time.monotonic() < self._safe_until)
+        except psycopg.errors.UniqueViolation:
+            self._safe_until = time.monotonic() + SAFE_FOR
+            return self._write_batch(batch, True)
 
+    def _write_batch(self, batch: Batch, safe: bool) -> tuple[list[Optional[str]], set[str]]:
         def at_once(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
-            inserted, counted = batch.at_once_rows(db)
+            inserted, counted = batch.at_once_rows(db, safe)
             return batch.answers(db, inserted), batch.started - counted
 
         def in_steps(db: psycopg.Connection) -> tuple[list[Optional[str]], set[str]]:
-            inserted, counted = batch.in_steps(db)
+            inserted, counted = batch.in_steps(db, safe)
             for join in batch.joins:
                 self._join(db, join, batch.now)
             return batch.answers(db, inserted), batch.started - counted
 
-        return self._transaction(at_once, atomic=False) if batch.at_once else self._transaction(in_steps)
+        return self._write(at_once, atomic=False) if batch.at_once else self._write(in_steps)  # type: ignore[no-any-return]
 
     @staticmethod
     def _join(db: psycopg.Connection, join: Join, now: float) -> None:
@@ -298,19 +336,18 @@ class PostgresJournal(JournalBackend):
     def rows(self, states: Iterable[str] = ("pending", "dead"), *, ids: Sequence[str] = (),
              limit: int = 1000, offset: int = 0) -> list[Row]:
         """`JournalBackend.rows`."""
-        column = "id" if ids else "state"
+        where, wanted = ("id = ANY(%s)", [list(ids)]) if ids else _in_states(states)
         return [Row(*row) for row in self._read(
-            f"{SELECT} WHERE {column} = ANY(%s) ORDER BY created_at, id LIMIT %s OFFSET %s",
-            (list(ids) or list(states), limit, offset))]
+            f"{SELECT} WHERE {where} ORDER BY created_at, id LIMIT %s OFFSET %s", (*wanted, limit, offset))]
 
     def iter_rows(self, states: Iterable[str], batch: int = 1000) -> Iterator[Row]:
         """`JournalBackend.iter_rows`."""
-        wanted = list(states)
+        where, wanted = _in_states(states)
         after: tuple[float, str] = (-1.0, "")
         while True:
             rows = [Row(*row) for row in self._read(
-                f"{SELECT} WHERE state = ANY(%s) AND (created_at, id) > (%s, %s) ORDER BY created_at, id LIMIT %s",
-                (wanted, *after, batch))]
+                f"{SELECT} WHERE {where} AND (created_at, id) > (%s, %s) ORDER BY created_at, id LIMIT %s",
+                (*wanted, *after, batch))]
             yield from rows
             if len(rows) < batch:
                 return
@@ -378,6 +415,19 @@ class PostgresJournal(JournalBackend):
             self._renewing = None
         with self._lock:
             self._db.close()
+        with self._write_lock:
+            if self._writer is not None:
+                self._writer.close()
+
+
+def _in_states(states: Iterable[str]) -> tuple[str, list[Any]]:
+    """A condition on ``state`` and its parameters. Pending and finished rows are in two partial indexes, and
+    PostgreSQL uses both for ``state = 'pending' OR state = ANY(...)`` (a bitmap OR), where it would read
+    the whole table for ``state = ANY('{pending,...}')``."""
+    wanted = list(states)
+    if "pending" not in wanted:
+        return "state = ANY(%s)", [wanted]
+    return "(state = 'pending' OR state = ANY(%s))", [[state for state in wanted if state != "pending"]]
 
 
 def _forget_token(journal: "weakref.ReferenceType[PostgresJournal]") -> Callable[[], None]:

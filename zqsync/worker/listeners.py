@@ -21,6 +21,7 @@ import errno
 import os
 import random
 import socket
+from typing import Any
 
 import zmq
 
@@ -42,7 +43,9 @@ class DirectBackend:
     :param slot: this child's slot; its pair is ``slots[slot]`` and ``slots[slot] + 1``.
     :param slots: every slot's base port, in slot order (what ``zqsync.endpoints`` announces).
     :param fds: the listening descriptors of public jobs, public rpc, slot jobs, slot rpc.
-    :param directory: the supervisor's private directory (admin sockets, ``fleet.py``).
+    :param directory: the supervisor's private directory (admin and stolen-work sockets, ``fleet.py``,
+        ``steal.py``).
+    :param seat: this child's row of ``seats``, the supervisor's shared table (``seats.py``).
     """
 
     host: str
@@ -51,6 +54,8 @@ class DirectBackend:
     slots: tuple[int, ...]
     fds: tuple[int, int, int, int]
     directory: str
+    seat: int = 0
+    seats: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -91,10 +96,11 @@ class Listeners:
         """Every slot's base port."""
         return tuple(self.port + 2 + 2 * slot for slot in range(self.processes))
 
-    def backend(self, slot: int, directory: str) -> DirectBackend:
-        """What the child of ``slot`` binds."""
+    def backend(self, slot: int, directory: str, seats: Any = None, seat: int = 0) -> DirectBackend:
+        """What the child of ``slot`` binds (and its row ``seat`` of ``seats``, ``seats.py``)."""
         fds = tuple(sock.fileno() for sock in (*self.sockets[:2], *self.sockets[2 + 2 * slot:4 + 2 * slot]))
-        return DirectBackend(self.host, self.port, slot, self.slots, fds, directory)  # type: ignore[arg-type]
+        return DirectBackend(self.host, self.port, slot, self.slots, fds, directory,  # type: ignore[arg-type]
+                             seat, seats)
 
     def close(self) -> None:
         for sock in self.sockets:

@@ -32,6 +32,7 @@ from .core import Core, log
 from .dispatch import ADMIN, SLOT, kind_of
 from .inline import run_inline
 from .queues import yield_to_higher
+from .steal import CALL, JOB
 
 #: Distinct client identities remembered for ``zqsync.stats``.
 MAX_IDENTITIES = 10_000
@@ -55,14 +56,14 @@ class Receiving(Core):
                 return
             if not self._slots.free_count():  # a call took the slot meanwhile
                 self._wait_for_slot(frame)
-            elif not self._inline(0, self.scheduler.run_plain, frame):
+            elif not self._inline(0, self._run_plain, frame):
                 return
             self.intake.took(SLOT)
 
     def _wait_for_slot(self, frame: bytes) -> None:
         """Run a job once a slot is free; a stop that kills the wait keeps the job in the backlog."""
         try:
-            self._slots.spawn(self.scheduler.run_plain, frame)
+            self._slots.spawn(self._run_plain, frame)
         except gevent.GreenletExit:
             self._backlog.append(frame)
             raise
@@ -87,6 +88,39 @@ class Receiving(Core):
             decoded = self._decode(frames)
             self.intake.took(self._receive_call(envelope, decoded))
 
+    def _receive_stolen(self) -> None:
+        """Run the work a blocked sibling's relay forwards (``steal.py``): a plain job as this worker's own, in
+        a slot; an rpc message as if read on the rpc socket, answered on the stolen-work socket (its relay
+        sends the answer to the client). Stolen work never runs inline: the jobs and rpc receivers keep
+        their roles, and a job waits for its slot in a queue that `_start_stolen` feeds from (a stop moves
+        what is left to the backlog), so this one keeps reading."""
+        reader = self._readers[2]
+        while True:
+            frames = reader.recv_multipart()
+            if len(frames) == 3 and frames[1] == JOB:
+                self.intake.took_stolen()
+                if self._stopping:
+                    self._backlog.append(frames[2])
+                else:
+                    self._stolen.append(frames[2])
+                    self._stolen_ready.set()
+            elif len(frames) >= 3 and frames[1] == CALL:
+                envelope = [frames[0], frames[2]]
+                self._note_identity(frames[2])
+                self._receive_call(envelope, self._decode(frames[2:]), inline=False)
+            else:
+                self.runner.counters["malformed"] += 1
+
+    def _start_stolen(self) -> None:
+        """Start the stolen plain jobs, oldest first, as slots free up (a greenlet; a stop kills it: a job it
+        took waits for its slot in the backlog, `_wait_for_slot`)."""
+        while True:
+            while not self._stolen:
+                self._stolen_ready.clear()
+                self._stolen_ready.wait()
+            self._slots.wait_available()
+            self._wait_for_slot(self._stolen.popleft())
+
     def _inline(self, index: int, fn: Any, *args: Any) -> bool:
         """Run ``fn(*args)`` in receiver ``index`` (0: jobs, 1: rpc), which holds a free slot. If it
         yields, a new receiver takes over (and, under a supervisor, the slot credit counts as used);
@@ -103,10 +137,11 @@ class Receiving(Core):
 
         return run_inline(self._slots, hand_off, fn, *args)
 
-    def _receive_call(self, envelope: list[bytes], decoded: Any) -> Optional[bytes]:
+    def _receive_call(self, envelope: list[bytes], decoded: Any, inline: bool = True) -> Optional[bytes]:
         """Start or answer one rpc message. Returns the kind of credit it used (``dispatch.py``; a standalone
         intake ignores it) if its start is already under way, ``None`` if none (the worker's own calls) or
-        if `_start_call` or a hand-off reports the start itself."""
+        if `_start_call` or a hand-off reports the start itself. ``inline``: a call may run in the calling
+        greenlet, the rpc receiver."""
         kind = SLOT if isinstance(decoded, bytes) else kind_of(decoded[0].kind, decoded[0].task)
         if isinstance(decoded, bytes):
             self._reply(envelope, decoded)
@@ -117,7 +152,7 @@ class Receiving(Core):
         elif kind == ADMIN or self.runner.is_builtin(decoded[1]):
             pool = self._long_polls if decoded[0].task == "zqsync.result" else self._admin
             pool.spawn(self._answer, self.runner.answer_call, envelope, *decoded)
-        elif self._slots.free_count() and not len(self._waiting):
+        elif inline and self._slots.free_count() and not len(self._waiting):
             if not self._inline(1, self._answer, self.runner.answer_call, envelope, *decoded):
                 return None  # handed off: the credit was counted then
         else:
@@ -197,8 +232,10 @@ class Receiving(Core):
             log.warning("could not answer a confirmed job of client %r: %s", envelope[-1], exc)
 
     def _reply(self, envelope: list[bytes], reply: bytes) -> None:
+        """Answer on the rpc socket, or for stolen work (a longer envelope: the relay's routing id first) on
+        the stolen-work socket."""
         self._replied_at = time.monotonic()
         try:
-            self._readers[1].reply(envelope, reply)
+            self._readers[1 if len(envelope) == self.intake.envelope else 2].reply(envelope, reply)
         except zmq.Again:
             log.warning("dropped a reply: client %r is not reading", envelope[-1])

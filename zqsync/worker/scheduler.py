@@ -44,7 +44,6 @@ from typing import Any, Optional
 import gevent
 import gevent.event
 import gevent.lock
-import gevent.pool
 import gevent.queue
 
 from .. import settings
@@ -53,7 +52,7 @@ from ..wire import envelope
 from .canvas import join_for
 from .confirming import Confirming
 from .group_commit import GroupCommit
-from .inline import run_inline
+from .inline import TaskSlots, run_inline
 from .jobs import Confirm, Job
 from .journal_api import ALONE, SHARED, JournalBackend, Outcome, Start, open_journal
 from .pacing import Pacing, describe
@@ -66,7 +65,7 @@ log = logging.getLogger(__name__)
 
 
 def build_scheduler(
-    runner: Runner, slots: gevent.pool.Pool, journal_url: Optional[str], *, synchronous: str = "NORMAL",
+    runner: Runner, slots: TaskSlots, journal_url: Optional[str], *, synchronous: str = "NORMAL",
     busy_timeout: float = 30.0, lease: float = settings.JOURNAL_LEASE, **options: Any,
 ) -> "JobScheduler":
     """A scheduler with the journal at ``journal_url`` (``journal_api.open_journal``; opened and
@@ -98,7 +97,7 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
     def __init__(
         self,
         runner: Runner,
-        slots: gevent.pool.Pool,
+        slots: TaskSlots,
         *,
         journal: Optional[JournalBackend] = None,
         keep_done: float = settings.KEEP_DONE,
@@ -306,8 +305,10 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
                              error=error)
                 return
         self.runner.counters["jobs_succeeded"] += 1
-        self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, None, stored if job.durable else None),
-                     "done", result=value)
+        if not job.durable:  # nothing to journal: only the book hears of it (no Outcome made per plain job)
+            self.book.settled(job.request.id, "done", result=value)
+            return
+        self._settle(job, Outcome(job.request.id, "done", attempts, 0.0, None, stored), "done", result=value)
 
     def _cancelled(self, job: Job, attempts: int) -> None:
         self.runner.counters["jobs_cancelled"] += 1

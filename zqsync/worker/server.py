@@ -29,7 +29,6 @@ import zmq.green
 
 from .. import _common, fdlimit
 from .core import log
-from .inline import Reader
 from .receiving import Receiving
 from .shutdown import Shutdown
 from .watchdog import KILLED_EXIT, original_signal
@@ -113,7 +112,7 @@ class Worker(Receiving, Shutdown):
         _common.orphans.append(self._context)
         copies = [*self._receivers, *self._greenlets, *self.intake.greenlets, *self.scheduler.greenlets(),
                   *self.watchdog.greenlets(), *self._slots.greenlets, *self._calls.greenlets,
-                  *self._waiting.greenlets, *self._admin.greenlets, *self._long_polls.greenlets,
+                  *self._waiting.greenlets, *self._admin.greenlets, *self._long_polls.greenlets, *self._stolen_starter,
                   *(greenlet for queue in self.queues for greenlet in queue.pool.greenlets)]
         for greenlet in copies:
             if greenlet is not current and not greenlet.dead:
@@ -144,12 +143,18 @@ class Worker(Receiving, Shutdown):
         if self.endpoint is None:
             self.bind()
         self.scheduler.start()
-        self._readers = (Reader(self.jobs), Reader(self.rpc))
+        self._run_plain = self.intake.count_plain(self.scheduler.run_plain)
+        stolen = self.intake.stolen
+        sockets = [self.jobs, self.rpc] + ([stolen] if stolen is not None else [])
+        self._readers = tuple(self.intake.reader(sock) for sock in sockets)
         self._receivers = [gevent.spawn(self._receive_jobs), gevent.spawn(self._receive_calls)]
         self._admitter = gevent.spawn(self._admit_held)
         self._greenlets.append(self._admitter)
         self._queue_receivers = [gevent.spawn(queue.receive, self.scheduler.run_plain) for queue in self.queues]
         self._receivers += self._queue_receivers
+        if stolen is not None:
+            self._receivers.append(gevent.spawn(self._receive_stolen))
+            self._stolen_starter.append(gevent.spawn(self._start_stolen))
         for queue in self.queues:
             log.info("queue %r on %s, concurrency %d", queue.name, queue.endpoint, queue.concurrency)
         self.intake.start(self._slots, self._admissions)

@@ -56,9 +56,11 @@ import time
 
 import gevent
 import gevent.pool
+import zmq
 
 from .core import Core, log
 from .intake import quiesce
+from .steal import JOB
 
 #: Seconds a warm shutdown waits after the last task before closing its sockets.
 REPLY_DRAIN = 0.25
@@ -102,7 +104,9 @@ class Shutdown(Core):
         rpc.join(timeout=5.0 + REPLY_DRAIN)
         if not self.rpc.closed:
             rpc.kill()
+            self.intake.unwatch(self.rpc)
             self.rpc.close(linger=0)
+        self._discard_stolen()
         self.scheduler.stop()
         gevent.killall(self._greenlets)
         self.watchdog.stop()
@@ -121,7 +125,9 @@ class Shutdown(Core):
         receives no more. A receiver that reads a job while the kill is on its way keeps it in the backlog
         (`_receive_jobs`)."""
         jobs = [receiver for receiver in self._receivers[:1] if receiver not in self._slots]
-        gevent.killall([*jobs, *self._queue_receivers])
+        gevent.killall([*jobs, *self._queue_receivers, *self._stolen_starter])
+        self._backlog.extend(self._stolen)  # stolen jobs that waited for a slot (receiving.py)
+        self._stolen.clear()
         self.intake.stop_offering()
 
     def _stop_taking_jobs(self) -> None:
@@ -132,6 +138,23 @@ class Shutdown(Core):
             if queue.peers is not None:
                 quiesce(queue.peers, self._backlog.append)
         log.info("stopped taking jobs from %s; %d queued plain job(s) to run", where, len(self._backlog))
+
+    def _discard_stolen(self) -> None:
+        """Count as discarded the plain jobs that siblings' relays sent while this worker stopped and that were
+        not run: those its stolen-work receiver put in the backlog after the grace period's run, and those
+        still queued on the socket (``steal.py``; a stopping worker stamps no free slot, so they are the few
+        in flight at that moment)."""
+        if len(self._readers) < 3:
+            return
+        raw = self._readers[2].raw
+        while True:
+            try:
+                frames = raw.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # EAGAIN: read to the end
+                break
+            if len(frames) == 3 and frames[1] == JOB:
+                self._backlog.append(frames[2])
+        self._discard_backlog("sent by a sibling while this worker stopped")
 
     def _discard_backlog(self, reason: str) -> None:
         if self._backlog:
@@ -185,6 +208,6 @@ class Shutdown(Core):
                 else:
                     self._waiting.join(timeout=min(0.1, remaining))
             elif self._slots.free_count():
-                self._slots.spawn(self.scheduler.run_plain, self._backlog.popleft())
+                self._slots.spawn(self._run_plain, self._backlog.popleft())
             else:
                 self._slots.wait_available(timeout=min(0.1, remaining))

@@ -17,7 +17,6 @@ the client asks the preferred worker of the id first, then the others.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import time
@@ -48,16 +47,16 @@ class Cancelled(BaseException):
     so that the runner's error handling does not turn it into an ordinary failure."""
 
 
-@dataclasses.dataclass
 class Running:
-    """A job running in this process."""
+    """A job running in this process (one per attempt, so slotted: it is made for every job)."""
 
-    greenlet: gevent.Greenlet
-    task: str
-    attempts: int
-    started_at: float
-    request: Optional[envelope.Request] = None  # its arguments, formatted only when listed (`.recent.call_text`)
-    confirmed: bool = False
+    __slots__ = ("greenlet", "task", "attempts", "started_at", "request", "confirmed")
+
+    def __init__(self, greenlet: gevent.Greenlet, task: str, attempts: int, started_at: float,
+                 request: Optional[envelope.Request] = None, confirmed: bool = False) -> None:
+        self.greenlet, self.task, self.attempts, self.started_at = greenlet, task, attempts, started_at
+        self.request = request  # its arguments, formatted only when listed (`.recent.call_text`)
+        self.confirmed = confirmed
 
 
 def _args(run: Running) -> str:
@@ -109,7 +108,8 @@ class JobBook:
         if keep:
             status = self._kept.pop(job_id, None) or {"enqueued_at": now}
             self._keep(job_id, {**status, "task": task, "state": "running", "attempts": attempts, "started_at": now})
-        self._notify(job_id)
+        if self._waiters:
+            self._notify(job_id)
 
     def stopped(self, job_id: str) -> None:
         """The current attempt returned or was interrupted: it can no longer be cancelled as running."""
@@ -124,18 +124,20 @@ class JobBook:
         """An attempt's outcome (``state`` as reported): updates a kept plain status and wakes long-polls."""
         now = time.time()
         self._remember(job_id, state, result, error, now)
-        outcome = {"state": state, "result": result, "due": due or None,
-                   "error": None if error is None else dict(zip(("type", "message", "traceback"), error)),
-                   "finished_at": now if state in TERMINAL else None}
         status = self._kept.get(job_id)
-        if status is not None:
-            status.update(outcome)
-        elif self.journal is not None:
-            self._settling.pop(job_id, None)
-            self._settling[job_id] = {**outcome, "at": now}
-            while len(self._settling) > MAX_KEPT:
-                self._settling.popitem(last=False)
-        self._notify(job_id)
+        if status is not None or self.journal is not None:  # else nobody keeps it (most plain jobs)
+            outcome = {"state": state, "result": result, "due": due or None,
+                       "error": None if error is None else dict(zip(("type", "message", "traceback"), error)),
+                       "finished_at": now if state in TERMINAL else None}
+            if status is not None:
+                status.update(outcome)
+            else:
+                self._settling.pop(job_id, None)
+                self._settling[job_id] = {**outcome, "at": now}
+                while len(self._settling) > MAX_KEPT:
+                    self._settling.popitem(last=False)
+        if self._waiters:
+            self._notify(job_id)
 
     def _remember(self, job_id: str, state: str, result: Any, error: Optional[tuple[str, str, str]], now: float) -> None:
         """Add the outcome of the attempt that just ended to `recent`."""

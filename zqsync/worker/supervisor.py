@@ -69,6 +69,7 @@ from .binding import KEEPALIVE, bind_pair
 from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
 from .listeners import DirectBackend, Listeners
+from .seats import Seats
 from .stopping import DRAIN_LIMIT
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ Backend = Union[tuple[str, str], DirectBackend]
 
 class _Child:
     __slots__ = ("slot", "pid", "started", "ready_file", "backend", "booted", "retiring")
+    backend: Backend
 
     def __init__(self, slot: int, pid: int, ready_file: str, backend: Backend) -> None:
         self.slot, self.pid, self.ready_file, self.backend = slot, pid, ready_file, backend
@@ -153,6 +155,8 @@ class Supervisor:
         self.keepalive = keepalive
         self.direct = direct
         self._listeners: Optional[Listeners] = None
+        self._seats: Optional[Seats] = None  # direct: every live child's row (seats.py)
+        self._jobs_lost = 0  # direct: plain jobs held by children that died (Seats.held)
         self._authenticator: Any = None
         self.endpoint = ""
         self.children: dict[int, _Child] = {}
@@ -191,11 +195,13 @@ class Supervisor:
         """Direct mode: open the listening sockets the children bind (``listeners.py``)."""
         self._listeners = Listeners(self.bind_address, self.processes)
         self.endpoint = self._listeners.endpoint
+        self._seats = Seats(2 * self.processes + 1)  # a HUP runs an old and a new child per slot, one slot at a time
 
     def _backend(self, slot: int) -> Backend:
         """A new child's backend: its slot's listening sockets (direct), or a new pair at the router."""
         if self._listeners is not None:
-            return self._listeners.backend(slot, self._dir)
+            assert self._seats is not None
+            return self._listeners.backend(slot, self._dir, self._seats, self._seats.claim())
         assert self._dispatch is not None
         return self._dispatch.call(self._dispatch.add_child, str(self._spawned))
 
@@ -241,7 +247,7 @@ class Supervisor:
     def _write_supervisor_file(self) -> None:
         """Write what the children put in ``zqsync.stats``; out of descriptors, it tries again at the next
         look (``_look_at_fds``)."""
-        lost = self._dispatch.jobs_lost if self._dispatch is not None else 0
+        lost = self._dispatch.jobs_lost if self._dispatch is not None else self._jobs_lost
         exhausted = self._fds_exhausted
         try:
             write_supervisor_file(self._dir, {
@@ -285,9 +291,6 @@ class Supervisor:
             if child.retiring:
                 log.info("worker child %d (pid %d) retired with status %s", child.slot, pid, code)
                 continue
-            if self.direct and code != 0:
-                log.warning("worker child %d (pid %d) exited with status %s: in direct mode the plain jobs it had "
-                            "read and not run are lost, and not counted", child.slot, pid, code)
             if not child.booted and not os.path.exists(child.ready_file):
                 if child.slot not in self._booted_slots:
                     log.error("worker child %d (pid %d) exited with status %s before it finished booting; "
@@ -299,7 +302,16 @@ class Supervisor:
 
     def _forget(self, child: _Child) -> None:
         """Close an exited child's backends; count and log the plain jobs routed to it that it never
-        read (or, killed, never said it started): they are lost with it (``dispatch.py``)."""
+        read (or, killed, never said it started): they are lost with it (``dispatch.py``). Direct: free its
+        seat, and count and log the plain jobs it had read and not run, unless its stop did (``seats.py``)."""
+        if isinstance(child.backend, DirectBackend):
+            held = child.backend.seats.release(child.backend.seat)
+            if held:
+                self._jobs_lost += held
+                log.warning("worker child %d (pid %d) exited holding %d plain job(s) it had read and not run: "
+                            "lost (%d lost with children so far)", child.slot, child.pid, held, self._jobs_lost)
+                self._write_supervisor_file()
+            return
         if self._dispatch is None or not self._dispatch.alive:
             return
         lost = self._dispatch.call(self._dispatch.remove_child, _routed(child), _jobs_read(child))

@@ -61,6 +61,7 @@ import time
 from typing import Any, Optional
 
 import gevent
+from greenlet import getcurrent
 
 #: The signal that carries a soft time limit into a task that does not yield.
 SOFT_SIGNAL = signal.SIGUSR2
@@ -182,6 +183,9 @@ class Watchdog:
         :param fn: the task function (unused here: the watchdog knows the task by its hub's silence;
             ``thread_limits.py`` needs it).
         """
+        if time_limit is None and notice is None:  # most tasks: only a stop's kill can apply
+            self._running[getcurrent()] = _Running(name, math.inf, None, self._kill_at, None, math.inf)
+            return
         now = time.monotonic()
         soft = math.inf if time_limit is None else now + time_limit
         hard = None if time_limit is None else soft + self.hard_grace
@@ -192,7 +196,7 @@ class Watchdog:
 
     def leave(self) -> None:
         """Record that the current greenlet's task ended."""
-        self._running.pop(gevent.getcurrent(), None)
+        self._running.pop(getcurrent(), None)
 
     # -- the hub side --------------------------------------------------------
 
