@@ -148,6 +148,50 @@ def test_jobs_acknowledged_before_a_restart_in_a_fresh_pid_namespace_run_after_i
     assert seen == Counter(acknowledged)
 
 
+def confirm_until_killed(worker, out: Path, prefix: str, kill_after: int) -> list[str]:
+    """Confirm ``record`` jobs one at a time from a thread; SIGKILL the worker once ``kill_after`` are
+    acknowledged, at whatever point of the next confirm it is. Returns the ids acknowledged."""
+    acknowledged: list[str] = []
+    killed = threading.Event()
+
+    def confirm() -> None:
+        with zqsync.Client(worker.endpoint, confirm_timeout=2.0, confirm_retry=0.5) as client:
+            for index in range(100_000):
+                try:
+                    client.enqueue_with_options("record", args=(str(out), f"{prefix}-{index}"), confirm=True,
+                                                job_id=f"{prefix}-{index}")
+                except zqsync.Unconfirmed:
+                    return
+                acknowledged.append(f"{prefix}-{index}")
+                if killed.is_set():
+                    return
+
+    client = threading.Thread(target=confirm)
+    client.start()
+    wait_for(lambda: len(acknowledged) >= kill_after, what=f"{kill_after} acknowledged confirms")
+    os.kill(worker.pid, signal.SIGKILL)
+    killed.set()
+    client.join(30)
+    return acknowledged
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_while_a_sequential_client_confirms_runs_every_acknowledged_job_after_a_restart(
+        zq_worker, tmp_path):
+    """Sequential confirms are journaled by the hub itself (``GroupCommit.add``): SIGKILLs at moments spread over a
+    stream of them lose none that was acknowledged."""
+    state, out = tmp_path / "state", tmp_path / "out.txt"
+    acknowledged: list[str] = []
+    for round_, kill_after in enumerate((40, 97, 151)):
+        worker = zq_worker("zqsync.demo.tasks:registry", extra_args=["--state-dir", str(state)])
+        acknowledged += confirm_until_killed(worker, out, f"r{round_}", kill_after)
+    zq_worker("zqsync.demo.tasks:registry", extra_args=["--state-dir", str(state)])  # replays the dead owners' rows
+    seen = wait_for(lambda: (c := count_lines(out)) and set(acknowledged) <= set(c) and c, timeout=60,
+                    what="every acknowledged job to run")
+    report("SIGKILL during sequential confirms", acknowledged, seen)
+    assert set(acknowledged) <= set(seen)
+
+
 # -- 2. a job that kills its process ---------------------------------------------------------------
 
 

@@ -11,10 +11,11 @@ import gevent
 import gevent.event
 import msgpack
 import pytest
+from gevent import monkey
 
 from tests.helpers import slack
 from zqsync.wire import envelope
-from zqsync.worker import Registry
+from zqsync.worker import Registry, group_commit
 from zqsync.worker.inline import TaskSlots
 from zqsync.worker.journal import Journal
 from zqsync.worker.runner import Runner
@@ -34,6 +35,28 @@ def _wait(condition, what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         gevent.sleep(0.01)
+
+
+def _count_transactions(monkeypatch) -> list[tuple[int, int, int]]:
+    """Per journal transaction from now on (by the writer thread or the hub): inserts, starts, outcomes."""
+    operations: list[tuple[int, int, int]] = []
+    write_all, write_now = Journal.write_all, Journal.write_now
+
+    def counting_all(journal, jobs=(), outcomes=(), starts=()):
+        jobs, outcomes, starts = list(jobs), list(outcomes), list(starts)
+        operations.append((len(jobs), len(starts), len(outcomes)))
+        return write_all(journal, jobs, outcomes, starts)
+
+    def counting_now(journal, jobs=(), outcomes=()):
+        jobs, outcomes = list(jobs), list(outcomes)
+        written = write_now(journal, jobs, outcomes)
+        if written is not None:
+            operations.append((len(jobs), 0, len(outcomes)))
+        return written
+
+    monkeypatch.setattr(Journal, "write_all", counting_all)
+    monkeypatch.setattr(Journal, "write_now", counting_now)
+    return operations
 
 
 def _pending_rows(state_dir: str) -> int:
@@ -82,15 +105,7 @@ def _confirm_with(scheduler, key: str, answer) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_job_with_a_free_slot_costs_two_journal_operations_and_one_waiting_for_a_slot_three(tmp_path, monkeypatch):
-    operations: list[tuple[int, int, int]] = []  # per transaction: inserts, starts, outcomes
-    write_all = Journal.write_all
-
-    def counting(journal, jobs=(), outcomes=(), starts=()):
-        jobs, outcomes, starts = list(jobs), list(outcomes), list(starts)
-        operations.append((len(jobs), len(starts), len(outcomes)))
-        return write_all(journal, jobs, outcomes, starts)
-
-    monkeypatch.setattr(Journal, "write_all", counting)
+    operations = _count_transactions(monkeypatch)
     slots = TaskSlots(1)
     scheduler = build_scheduler(Runner(registry), slots, f"sqlite:///{tmp_path}", replay_interval=60.0)
     scheduler.start()
@@ -195,3 +210,160 @@ def test_the_journal_flush_timer_fires_at_most_once_per_linger_period_over_seque
     bound = elapsed / linger + 2
     assert fired <= bound, (f"{fired} flush timer fires in {elapsed:.3f} s for {jobs} sequential confirmed jobs "
                             f"({fired / jobs:.1f} per job): more than one per {linger * 1e3:g} ms linger ({bound:.0f})")
+
+
+def _started(tmp_path):
+    """A started scheduler with four task slots journaling into ``tmp_path``: no replay meanwhile, and deferred
+    outcomes wait for the next batch (the writer thread is never woken for them alone, however slow the machine:
+    it could be writing when the hub looks)."""
+    scheduler = build_scheduler(Runner(registry), TaskSlots(4), f"sqlite:///{tmp_path}", replay_interval=60.0)
+    scheduler._commits._writer._linger = 600.0
+    scheduler.start()
+    return scheduler
+
+
+def _journaled_by(monkeypatch) -> list[tuple[str, int, bool]]:
+    """Per transaction that holds new jobs: ``("hub" or "writer", jobs, whether in the hub's native thread)``."""
+    native_ident = monkey.get_original("_thread", "get_ident")
+    hub = native_ident()
+    seen: list[tuple[str, int, bool]] = []
+    write_all, write_now = Journal.write_all, Journal.write_now
+
+    def all_(journal, jobs=(), outcomes=(), starts=()):
+        jobs = list(jobs)
+        if jobs:
+            seen.append(("writer", len(jobs), native_ident() == hub))
+        return write_all(journal, jobs, outcomes, starts)
+
+    def now(journal, jobs=(), outcomes=()):
+        jobs = list(jobs)
+        written = write_now(journal, jobs, outcomes)
+        if written is not None:
+            seen.append(("hub", len(jobs), native_ident() == hub))
+        return written
+
+    monkeypatch.setattr(Journal, "write_all", all_)
+    monkeypatch.setattr(Journal, "write_now", now)
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_a_lone_confirm_is_journaled_in_the_hub_and_acknowledged_only_once_its_row_is_committed(tmp_path, monkeypatch):
+    RAN.clear()
+    seen = _journaled_by(monkeypatch)
+    monkeypatch.setattr(group_commit, "SLOW_COMMIT", 600.0)  # a loaded machine's stalls do not count here
+    scheduler = _started(tmp_path)
+    rows_at_answer: list[tuple] = []
+
+    def confirm(key: str) -> None:
+        acknowledged = gevent.event.AsyncResult()
+        # read from another connection while the answer is given: only a committed row is there
+        _confirm_with(scheduler, key, lambda reply: (rows_at_answer.append(_row(str(tmp_path), key)),
+                                                     acknowledged.set(reply)))
+        assert acknowledged.get(timeout=slack(10))["result"] == {"job_id": key, "duplicate": False}
+        _wait(lambda: key in RAN, f"job {key} to run")
+
+    try:
+        confirm("first")
+        confirm("second")  # carries the first's outcome along
+    finally:
+        scheduler.stop()
+    assert rows_at_answer == [("pending", 1, 1)] * 2, "an acknowledgement left before its row was committed"
+    assert seen == [("hub", 1, True)] * 2, "a lone confirm went through the writer thread"
+
+
+@pytest.mark.timeout(60)
+def test_confirms_read_in_one_hub_iteration_share_one_group_commit_in_the_writer_thread(tmp_path, monkeypatch):
+    RAN.clear()
+    seen = _journaled_by(monkeypatch)
+    scheduler = _started(tmp_path)
+    answers: list[dict] = []
+    try:
+        keys = [f"burst-{index}" for index in range(20)]
+        for key in keys:  # no yield in between: as the receiver admits what one read of its socket found
+            _confirm(scheduler, key, answers)
+        _wait(lambda: len(answers) == len(keys), "every job to be acknowledged")
+    finally:
+        scheduler.stop()
+    assert sorted(answer["id"] for answer in answers) == sorted(keys)
+    assert seen == [("writer", len(keys), False)], "a burst was not handed to the writer thread as one batch"
+
+
+@pytest.mark.timeout(60)
+def test_the_hub_never_waits_for_a_write_lock_another_connection_holds(tmp_path, monkeypatch):
+    RAN.clear()
+    seen = _journaled_by(monkeypatch)
+    scheduler = _started(tmp_path)
+    held = slack(2.0)
+    gaps: list[float] = []
+
+    def tick() -> None:
+        last = time.monotonic()
+        while True:
+            gevent.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    lock = sqlite3.connect(os.path.join(str(tmp_path), "journal.sqlite3"), isolation_level=None,
+                           check_same_thread=False)
+    lock.execute("BEGIN IMMEDIATE")
+    release = gevent.get_hub().threadpool.spawn(lambda: (time.sleep(held), lock.rollback()))
+    ticker = gevent.spawn(tick)
+    acknowledged = gevent.event.AsyncResult()
+    try:
+        gevent.sleep(0.05)
+        _confirm_with(scheduler, "locked-out", acknowledged.set)
+        answer = acknowledged.get(timeout=slack(20))
+        release.get(timeout=slack(20))
+    finally:
+        ticker.kill()
+        scheduler.stop()
+        lock.close()
+    assert answer["result"] == {"job_id": "locked-out", "duplicate": False}
+    assert seen == [("writer", 1, False)], "the hub wrote beside a held write lock"
+    assert max(gaps) < held / 2, f"the hub stalled {max(gaps):.2f} s while the write lock was held for {held:.1f} s"
+
+
+@pytest.mark.timeout(120)
+def test_the_wal_stays_bounded_while_the_hub_journals_sequential_confirms(tmp_path):
+    RAN.clear()
+    scheduler = _started(tmp_path)
+    wal = os.path.join(str(tmp_path), "journal.sqlite3-wal")
+    jobs = 1500
+    try:
+        for index in range(jobs):  # one at a time, each alone in its hub iteration: all journaled by the hub
+            acknowledged = gevent.event.AsyncResult()
+            _confirm_with(scheduler, f"wal-{index}", acknowledged.set)
+            acknowledged.get(timeout=slack(10))
+        size = os.path.getsize(wal)
+    finally:
+        scheduler.stop()
+    pages = size // 4096
+    # Unchecked, the WAL holds a few pages per commit (at least 3 here: 4,500 for 1,500 jobs); SQLite's
+    # automatic checkpoint restarts it once it holds 1000 pages, so it stays below that plus a lap of hub commits.
+    assert pages < 2000, f"the WAL grew to {pages} pages ({size} bytes) over {jobs} confirms: never checkpointed"
+
+
+@pytest.mark.timeout(60)
+def test_after_a_slow_commit_in_the_hub_lone_confirms_go_to_the_writer_thread(tmp_path, monkeypatch):
+    RAN.clear()
+    seen = _journaled_by(monkeypatch)
+    monkeypatch.setattr(group_commit, "SLOW_PAUSE", 600.0)
+    write_now, stall = Journal.write_now, monkey.get_original("time", "sleep")
+    stalls = [group_commit.SLOW_COMMIT * 3]
+
+    def stalled_once(journal, jobs=(), outcomes=()):
+        if stalls:
+            stall(stalls.pop())  # as a write the kernel holds up for writeback
+        return write_now(journal, jobs, outcomes)
+
+    monkeypatch.setattr(Journal, "write_now", stalled_once)
+    scheduler = _started(tmp_path)
+    try:
+        for key in ("stalled", "next", "and-next"):
+            acknowledged = gevent.event.AsyncResult()
+            _confirm_with(scheduler, key, acknowledged.set)
+            assert acknowledged.get(timeout=slack(10))["result"] == {"job_id": key, "duplicate": False}
+    finally:
+        scheduler.stop()
+    assert seen == [("hub", 1, True), ("writer", 1, False), ("writer", 1, False)]

@@ -142,3 +142,42 @@ def test_a_thread_busy_elsewhere_is_woken_once_for_deferred_items_so_wake_ups_ne
         assert batches == [["first"], ["outcome", "insert"]], f"after {len(fires)} timer fires"
     finally:
         writer.close()
+
+
+@pytest.mark.timeout(60)
+def test_pause_holds_off_a_waiting_thread_and_refuses_while_it_writes_a_batch():
+    writing = monkey.get_original("_thread", "allocate_lock")()
+    writing.acquire()  # released to let the thread finish the batch it holds
+    batches: list[list] = []
+    taken = gevent.event.Event()
+
+    def loop(writer: WriterThread) -> None:
+        while True:
+            batch = writer.next_batch(True, 10)
+            batches.append(batch)
+            writer.post(taken.set)
+            if "slow" in batch:
+                writing.acquire()  # a long commit
+            if None in batch:
+                return
+
+    writer = WriterThread(loop)
+    writer.start()
+    try:
+        writer.put("first")
+        assert taken.wait(timeout=10)
+        taken.clear()
+        assert writer.pause(), "the thread waits for work with nothing queued"
+        writer.put("queued while paused")
+        assert not taken.wait(timeout=0.3), f"the paused thread took {batches[-1]}"
+        writer.resume([])
+        assert taken.wait(timeout=10)
+        taken.clear()
+        assert batches == [["first"], ["queued while paused"]]
+        writer.put("slow")
+        assert taken.wait(timeout=10)
+        assert not writer.pause(), "the thread is writing a batch: the hub must not write beside it"
+    finally:
+        writing.release()
+        writer.put(None)
+        writer.close()

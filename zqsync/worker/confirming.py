@@ -77,7 +77,7 @@ class Confirming:
         counted = not due and task.rate_limit is None and self._counting < self.slots.free_count()
         self._counting += counted
         retry_at = now + task.backoff_for(1) if counted else 0.0
-        self._commits.put("add", NewJob(request.id, request.task, body, task.retries, due, retry_at),
+        self._commits.add(NewJob(request.id, request.task, body, task.retries, due, retry_at),
                           Confirm(task, request, due, answer, counted))
 
     def _answer_batch(self, waiting: list[tuple[str, Any, Any]], fresh: list[Optional[str]], refused: set[str],

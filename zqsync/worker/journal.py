@@ -87,6 +87,8 @@ CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_at);
 SELECT = f"SELECT {', '.join(FIELDS)} FROM jobs"
 
 FILENAME = "journal.sqlite3"
+#: `SqliteJournal.write_now` hands every this many-th batch back to `write_all`, whose commit may checkpoint.
+NOW_HANDS_BACK = 64
 OWNERS = "owners"
 
 
@@ -130,7 +132,10 @@ class SqliteJournal(JournalBackend):
         self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
         self._file = _file_id(self.path)
         self._lock = native_lock()
-        self._setup(synchronous.upper(), time.monotonic() + busy_timeout)
+        self._synchronous = synchronous.upper()
+        self._setup(self._synchronous, time.monotonic() + busy_timeout)
+        self._now: Optional[sqlite3.Connection] = None  # write_now's own connection, opened on first use
+        self._now_offered = 0
 
     def _setup(self, synchronous: str, deadline: float) -> None:
         # Switching to WAL takes an exclusive lock that SQLite's busy handler
@@ -168,14 +173,7 @@ class SqliteJournal(JournalBackend):
 
     def _transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                result = work(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            return result
+            return _commit(self._db, work)
 
     # -- ownership ---------------------------------------------------------
 
@@ -252,12 +250,45 @@ class SqliteJournal(JournalBackend):
         :raises JournalGone: the journal file was deleted or replaced (nothing is committed).
         :raises sqlite3.Error: the write failed (disk full, lock timeout, ...; nothing is committed).
         """
-        now = time.time()
+        return self._transaction(self._writes(jobs, outcomes, starts))
+
+    def write_now(
+        self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (),
+    ) -> Optional[tuple[list[Optional[str]], set[str]]]:
+        """`JournalBackend.write_now`: on a connection of its own that never waits for SQLite's write lock
+        (``busy_timeout`` 0) and never checkpoints (``wal_autocheckpoint`` 0). It declines (``None``) when
+        another connection holds the write lock, under ``synchronous=FULL`` (an fsync per commit), and for
+        every `NOW_HANDS_BACK`-th batch: that one goes through `write_all`, whose connection checkpoints the
+        WAL once it holds 1000 pages (SQLite's automatic checkpoint counts every connection's frames).
+
+        :raises JournalGone, sqlite3.Error: as `write_all` (nothing is committed).
+        """
+        self._now_offered += 1
+        if self._synchronous != "NORMAL" or self._now_offered % NOW_HANDS_BACK == 0:
+            return None
+        db = self._now
+        if db is None:
+            db = self._now = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+        work = self._writes(jobs, outcomes, ())
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return None
+            raise
+        return _commit(db, work, begun=True)
+
+    def _writes(self, jobs: Iterable[tuple[Any, ...]], outcomes: Iterable[Outcome], starts: Iterable[Start],
+                ) -> Callable[[sqlite3.Connection], tuple[list[Optional[str]], set[str]]]:
+        """The work of one `write_all` transaction, to run on a connection in a transaction."""
         new = [NewJob(*job) for job in jobs]
         outcomes = list(outcomes)
         joins = sorted({o.join.key: o.join for o in outcomes if o.join is not None}.items())
 
         def apply(db: sqlite3.Connection) -> tuple[list[Optional[str]], set[str]]:
+            now = time.time()
             # Outcomes first: a retry's start may share the transaction with the outcome of the attempt before.
             db.executemany(
                 "UPDATE jobs SET state = ?, attempts = ?, next_at = ?, error = ?, result = ?, running = 0,"
@@ -274,7 +305,7 @@ class SqliteJournal(JournalBackend):
                 self.check_file()
             return fresh, refused
 
-        return self._transaction(apply)
+        return apply
 
     @staticmethod
     def _join(db: sqlite3.Connection, join: Join, now: float) -> None:
@@ -433,6 +464,8 @@ class SqliteJournal(JournalBackend):
         unless a stop left pending ones, which any live worker then claims)."""
         with self._lock:
             self._db.close()
+            if self._now is not None:
+                self._now.close()
         if self._lock_fd is not None and self.token is not None:
             try:
                 os.unlink(self._owner_file(self.token))
@@ -440,6 +473,21 @@ class SqliteJournal(JournalBackend):
                 pass
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _commit(db: sqlite3.Connection, work: Callable[[sqlite3.Connection], Any], *, begun: bool = False) -> Any:
+    """``work(db)`` in one ``BEGIN IMMEDIATE`` transaction (``begun``: already begun), committed; rolled back
+    if it raises."""
+    if not begun:
+        db.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(db)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return result
 
 
 #: The name the SQLite journal had before the PostgreSQL one existed.

@@ -211,6 +211,17 @@ class JournalBackend(abc.ABC):
             (cancelled meanwhile): those attempts must not run.
         """
 
+    def write_now(
+        self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (),
+    ) -> Optional[tuple[list[Optional[str]], set[str]]]:
+        """`write_all` (no starts) from the hub's own thread, if it can be done without waiting: never for a
+        lock another connection or process holds, an fsync, or a checkpoint. ``None``: it was not done (the
+        caller hands the work to `write_all` in the writer thread); this default never does it.
+
+        :raises: as `write_all` (nothing is committed).
+        """
+        return None
+
     def write(
         self, jobs: Iterable[tuple[Any, ...]] = (), outcomes: Iterable[Outcome] = (), starts: Iterable[Start] = (),
     ) -> list[Optional[str]]:

@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 _start_thread = monkey.get_original("_thread", "start_new_thread")
 _SimpleQueue = monkey.get_original("queue", "SimpleQueue")
 _sleep = monkey.get_original("time", "sleep")
+_allocate_lock = monkey.get_original("_thread", "allocate_lock")
 
 #: Seconds an item queued with `WriterThread.defer` waits for other work before the thread is woken
 #: for it (at most about twice this: a timer looks every ``LINGER`` seconds).
-LINGER = 0.002
+LINGER = 0.01
 #: Wakes the thread for deferred items; never part of a batch.
 _FLUSH = object()
 
@@ -56,6 +57,7 @@ class WriterThread:
         self._flushing = False  # a _FLUSH is queued that no batch has taken yet
         self._outbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._wake: Optional[Any] = None
+        self._busy = _allocate_lock()  # held by the thread except while it waits for work, and by `pause`
 
     def start(self) -> None:
         """Start the thread (call from the hub's thread, which runs the posted callables)."""
@@ -106,6 +108,33 @@ class WriterThread:
             self._flushing = True
             self._inbox.put(_FLUSH)
 
+    def pause(self) -> bool:
+        """In the hub: if the thread waits for work and nothing is queued, keep it from taking any (deferred
+        items included) until `resume`, and return ``True``; else ``False`` at once. Never blocks."""
+        if not self._inbox.empty() or not self._busy.acquire(False):
+            return False
+        if self._inbox.empty():
+            return True
+        self._busy.release()
+        return False
+
+    def take_deferred(self) -> list[Any]:
+        """In the hub, between `pause` and `resume`: every deferred item, oldest first, removed."""
+        items = [item for _, item in self._deferred]
+        self._deferred.clear()
+        return items
+
+    def resume(self, unwritten: list[Any]) -> None:
+        """In the hub, after `pause`: deferred items taken and not written go back in front, in order; the
+        thread may take work again."""
+        now = time.monotonic()
+        self._deferred.extendleft((now, item) for item in reversed(unwritten))
+        self._busy.release()
+        if unwritten:
+            self._arm()
+        else:
+            self._disarm()
+
     def _disarm(self) -> None:
         """In the hub: stop the timer if nothing is deferred (batches took it all); the next defer restarts it.
         Called after each batch's answers too, so a steady stream of batches carries the deferred items and the
@@ -117,7 +146,7 @@ class WriterThread:
     def next_batch(self, block: bool, limit: int) -> list[Any]:
         """In the thread: up to ``limit`` queued items, waiting for one if ``block``, after up to ``limit``
         deferred ones (an empty list when the thread was woken for deferred items another batch took)."""
-        batch = [self._inbox.get()] if block else []
+        batch = [self._wait_for_work()] if block else []
         while len(batch) < limit and not self._inbox.empty():
             batch.append(self._inbox.get_nowait())
         deferred: list[Any] = []
@@ -125,6 +154,14 @@ class WriterThread:
         while len(deferred) < limit and self._deferred:
             deferred.append(self._deferred.popleft()[1])
         return [item for item in deferred + batch if item is not _FLUSH]
+
+    def _wait_for_work(self) -> Any:
+        """In the thread: the next queued item; the hub may `pause` the thread only while it waits here."""
+        self._busy.release()
+        try:
+            return self._inbox.get()
+        finally:
+            self._busy.acquire()
 
     def post(self, function: Callable[..., Any], *args: Any) -> None:
         """In the thread: have the hub call ``function(*args)`` soon, after everything posted before."""
@@ -139,10 +176,13 @@ class WriterThread:
         _sleep(seconds)
 
     def _run(self) -> None:
+        self._busy.acquire()
         try:
             self._loop(self)
         except BaseException:  # pragma: no cover - the loop catches its own errors
             log.exception("the journal writer thread died")
+        finally:
+            self._busy.release()
 
     def _run_posted(self) -> None:
         while self._outbox:

@@ -349,8 +349,9 @@ class JobScheduler(Confirming, Pacing, JournalReplay):
                 error: Optional[ErrorInfo] = None) -> None:
         """Journal a confirmed job's outcome (``state`` is how a status reports it) and tell the book."""
         if job.durable and self._commits is not None:  # with the next group commit, or LINGER s from now
-            if outcome.state != "pending":  # finished: a chain's or chord's successor may be due (canvas.py)
-                outcome = outcome._replace(join=join_for(job.request, self.runner.registry))
+            join = join_for(job.request, self.runner.registry) if outcome.state != "pending" else None
+            if join is not None:  # finished: a chain's or chord's successor may be due (canvas.py)
+                outcome = outcome._replace(join=join)
             self._commits.defer("record", outcome)
         self.book.settled(job.request.id, state, result=result, error=error, due=outcome.next_at)
 
