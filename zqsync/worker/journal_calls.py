@@ -7,6 +7,7 @@ worker's other greenlets run.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -16,6 +17,8 @@ from ..errors import NoJournal, ProtocolError
 from ..wire import envelope
 from . import recent
 from .journal_api import FINISHED_STATES, JournalBackend, Row
+
+log = logging.getLogger(__name__)
 
 #: Most rows one ``zqsync.jobs`` page returns.
 MAX_PAGE = 1000
@@ -48,11 +51,15 @@ class JournalCalls:
 
     :param journal: the worker's journal, or ``None`` (every call raises `NoJournal`).
     :param running: the ids of the jobs running in this process now.
+    :param flush: blocks until the outcomes recorded so far are in the journal (the scheduler's): every
+        call runs it first, so that a job whose status already says it ended is listed as ended.
     """
 
-    def __init__(self, journal: Optional[JournalBackend], running: Callable[[], list[str]]) -> None:
+    def __init__(self, journal: Optional[JournalBackend], running: Callable[[], list[str]],
+                 flush: Callable[[], None] = lambda: None) -> None:
         self.journal = journal
         self.running = running
+        self.flush = flush
 
     def jobs(self, state: Optional[str] = None, offset: int = 0, limit: int = 50, task: Optional[str] = None,
              since: Optional[float] = None, until: Optional[float] = None) -> dict[str, Any]:
@@ -162,8 +169,14 @@ class JournalCalls:
 
     # -- helpers -------------------------------------------------------------
     def _journal(self) -> JournalBackend:
+        """The journal, once the outcomes recorded so far are written (an outcome waits a moment for the
+        next group commit); a journal that cannot be written now is read as it is."""
         if self.journal is None:
             raise NoJournal("NoJournal", "this worker keeps no journal: start it with --state-dir DIR or --journal URL")
+        try:
+            self.flush()
+        except Exception as exc:  # a full disk: the rows are still read, and the writer reports the error
+            log.debug("outcomes not journaled before an admin call: %s: %s", type(exc).__name__, exc)
         return self.journal
 
 

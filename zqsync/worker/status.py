@@ -95,7 +95,7 @@ class JobBook:
         #: the recent outcomes of every task here (``zqsync.recent``)
         self.recent = recent.Recent()
         #: the journal's admin calls (``zqsync.jobs``, ``requeue``, ``purge``)
-        self.calls = JournalCalls(journal, lambda: sorted(self._running))
+        self.calls = JournalCalls(journal, lambda: sorted(self._running), flush)
 
     # -- the scheduler's side ----------------------------------------------
 
