@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+import zqsync
 from tests.helpers import JobStream, slack, wait_for
 from tests.integration.test_stopping import lines, logged_discards, logged_kills, settled
 
@@ -89,3 +90,25 @@ def test_two_workers_one_termed_every_accepted_job_runs_on_one_of_them(zq_worker
     assert not [line for line, count in Counter(ran).items() if count > 1]
     assert len(ran) == stream.accepted
     assert "told 1 job client(s)" in first.output()
+
+
+@pytest.mark.parametrize("mode", [[], ["--processes", "2"], ["--processes", "2", "--direct"]],
+                         ids=["standalone", "router", "direct"])
+def test_jobs_of_a_client_that_closed_before_the_stop_run_or_are_counted(zq_worker, tmp_path, mode):
+    """A client enqueues 10,000 quick jobs and closes; the worker (one slot per process) is TERMed while most of them
+    are still in its libzmq queue and kernel buffers. Every one runs or is counted as discarded. Before the
+    fix the stopping notice was written to the closed client's connection first: its kernel answered with a
+    reset, which threw away what the worker's kernel still held (thousands of jobs, neither run nor counted)."""
+    worker = zq_worker(concurrency=1, extra_args=["--graceful-timeout", "1", *mode])
+    target = tmp_path / "ran.txt"
+    with zqsync.Client(worker.endpoint, send_timeout=slack(30.0)) as client:
+        for index in range(10_000):
+            client.enqueue("record", str(target), str(index), 0.001)
+    wait_for(lambda: len(lines(target)) >= 50, timeout=slack(20.0), what="the first jobs to run")
+    worker.proc.send_signal(signal.SIGTERM)
+    status = worker.proc.wait(slack(60.0))
+    ran = settled(target, 10_000, timeout=2.0)
+    discarded, killed = logged_discards(worker.output()), logged_kills(worker.output())
+    print(f"accepted 10000, executed {len(ran)}, discarded (logged) {discarded}, killed {killed}, exit {status}")
+    assert len(set(ran)) == len(ran)
+    assert len(ran) + discarded + killed == 10_000

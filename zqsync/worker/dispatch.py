@@ -139,6 +139,7 @@ class Dispatcher:
         self.jobs_ended = False  # set by end_jobs: the public jobs socket is not read any more
         self.backlog: collections.deque[bytes] = collections.deque()  # jobs read while stopping, not yet routed
         self.peers = Peers(jobs_front, jobs_front.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.reading_all = False  # stopping: the public jobs socket is read into the backlog, credit or not
         self.lost = 0
         self.jobs_lost = 0  # plain jobs lost with children that exited (remove_child) or not sendable
         self.last_job = time.monotonic()
@@ -218,11 +219,17 @@ class Dispatcher:
         self.jobs_lost += lost
         return lost
 
+    def read_all_jobs(self) -> None:
+        """From now on read the public jobs socket whether or not a child has a credit, into `backlog`,
+        as a stopping worker reads its socket into memory: what a client flushes must not wait in its
+        buffers for the unbind, and what is in flight is read before the notice (``stopping.py``)."""
+        self.reading_all = True
+        self.last_job = time.monotonic()
+
     def notify_stopping(self) -> int:
         """Send the stopping notice to every client that sent on the public jobs socket (``stopping.py``);
-        returns how many. Clients that send later are told when they do. From now on the public jobs
-        socket is read whether or not a child has a credit, into `backlog`, as a stopping worker
-        reads its socket into memory: what a client flushes must not wait in its buffers for the unbind."""
+        returns how many. Clients that send later are told when they do."""
+        self.reading_all = True
         return self.peers.notify_all()
 
     def stop_jobs(self, endpoint: str) -> None:
@@ -281,7 +288,7 @@ class Dispatcher:
         poller = zmq.Poller()
         for sock in (self._wake, self.credits, *(route.rpc for route in self.routes.values())):
             poller.register(sock, zmq.POLLIN)
-        if not self.jobs_ended and (self.peers.stopping or self._usable(SLOT) is not None):
+        if not self.jobs_ended and (self.reading_all or self._usable(SLOT) is not None):
             poller.register(self.jobs_front, zmq.POLLIN)
         if len(self.held[SLOT]) < HOLD_MAX:
             poller.register(self.rpc_front, zmq.POLLIN)
@@ -292,7 +299,7 @@ class Dispatcher:
         for route in list(self.routes.values()):
             if route.rpc in events:
                 self.rpc_front.send_multipart(route.rpc.recv_multipart())
-        if self.peers.stopping and not self.jobs_ended:
+        if self.reading_all and not self.jobs_ended:
             self._take_jobs()
         while self._route_call() | self._route_job():  # both, each round
             pass
@@ -364,7 +371,7 @@ class Dispatcher:
         slot credit; ``False`` if none moved."""
         if self.jobs_ended or self._usable(SLOT) is None:
             return False
-        if self.peers.stopping:  # _take_jobs reads the public queue
+        if self.reading_all:  # _take_jobs reads the public queue
             if not self.backlog:
                 return False
             frame = self.backlog.popleft()

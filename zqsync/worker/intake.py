@@ -41,7 +41,7 @@ from .binding import bind_pair
 from .dispatch import ADMIT, CREDITS_MAX, END_OF_JOBS, SLOT
 from .inline import Reader
 from .listeners import DirectBackend
-from .stopping import DRAIN_LIMIT, DRAIN_QUIET, Peers, drain
+from .stopping import DRAIN_LIMIT, DRAIN_QUIET, READ_FIRST, Peers, drain
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ def quiesce(peers: Peers, keep: Keep, also: tuple[str, ...] = ()) -> None:
     """Tell every client that sent on a bound jobs socket that this worker stops, read what they still
     send (into ``keep``) until they fall quiet, then unbind (``peers.endpoint`` and the endpoints ``also``
     bound) and read the socket's queue to the end (``stopping.py``). Blocks the calling greenlet, at most
-    twice ``DRAIN_LIMIT`` seconds."""
+    twice ``DRAIN_LIMIT`` seconds, and ``READ_FIRST`` before the notice."""
+    drain(peers.receive, peers.sock, keep, quiet=DRAIN_QUIET, limit=READ_FIRST, pause=gevent.sleep)
     log.info("stopping: told %d job client(s) of %s", peers.notify_all(), peers.endpoint)
     drain(peers.receive, peers.sock, keep, quiet=DRAIN_QUIET, limit=DRAIN_LIMIT, pause=gevent.sleep)
     for endpoint in (peers.endpoint, *also):

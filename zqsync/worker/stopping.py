@@ -4,7 +4,11 @@ Job sockets are DEALER (client) to ROUTER (worker), so a worker can speak to
 every client connection that sent it a job. On TERM, a standalone worker does
 not unbind at once (that would drop what is in flight in the client's queue
 and both kernels' buffers): it sends every identity it has received from a
-``stopping`` notice (`encode_notice`) and keeps reading. A client that
+``stopping`` notice (`encode_notice`) and keeps reading. It reads what is in
+flight first, until quiet (at most ``READ_FIRST``): a client that closed its
+socket after its last job answers a message written to it with a TCP reset,
+and a reset makes this side's kernel throw away what it still holds of that
+connection (thousands of jobs, when the worker's queue was full). A client that
 sees the notice discards its socket (libzmq flushes its queue within the
 linger) and routes around the worker (``zqsync/client/notices.py``). A
 connection that never sent has nothing in flight. The worker unbinds once no
@@ -31,6 +35,8 @@ BATCH = 1000
 DRAIN_QUIET = 0.2
 #: Most seconds a stopping worker reads what its clients still send before it unbinds (then again after).
 DRAIN_LIMIT = 5.0
+#: Most seconds a stopping worker reads what is in flight before it sends its notice (see above).
+READ_FIRST = 1.0
 #: Identities remembered per socket (the oldest are forgotten past it; a forgotten one is told when it sends).
 MAX_PEERS = 10_000
 

@@ -70,7 +70,7 @@ from .dispatch import Dispatcher
 from .fleet import remove_admin_socket, write_supervisor_file
 from .listeners import DirectBackend, Listeners
 from .seats import Seats
-from .stopping import DRAIN_LIMIT
+from .stopping import DRAIN_LIMIT, READ_FIRST
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,8 @@ class Supervisor:
             _common.write_ready_file(self.ready_file, self.endpoint)
 
     def _stop_taking_jobs(self, cold: bool) -> None:
-        """Tell the clients of the public jobs socket that this worker stops, and read what they still
+        """Read what is in flight on the public jobs socket until quiet (at most ``READ_FIRST`` seconds),
+        tell the clients of the public jobs socket that this worker stops, and read what they still
         send until they fall quiet (at most ``DRAIN_LIMIT`` seconds: they send to their other workers,
         ``stopping.py``); unbind the public jobs endpoint and read the jobs queued in it (as long again);
         route what was read to the children. Then send them no more jobs (``END_OF_JOBS``) and count
@@ -470,8 +471,10 @@ class Supervisor:
         ``graceful_timeout`` of the signal."""
         dispatch = self._dispatch
         assert dispatch is not None
-        log.info("stopping: told %d job client(s) of %s", dispatch.call(dispatch.notify_stopping), self._jobs_endpoint)
         deadline, seen = time.monotonic() + self.graceful_timeout, len(self._signals)
+        dispatch.call(dispatch.read_all_jobs)
+        self._wait_routing(dispatch.jobs_drained, time.monotonic() + READ_FIRST, cold, seen)
+        log.info("stopping: told %d job client(s) of %s", dispatch.call(dispatch.notify_stopping), self._jobs_endpoint)
         self._wait_routing(dispatch.jobs_drained, time.monotonic() + DRAIN_LIMIT, cold, seen)
         dispatch.call(dispatch.stop_jobs, self._jobs_endpoint)
         self._wait_routing(dispatch.jobs_drained, time.monotonic() + DRAIN_LIMIT, cold, seen)
