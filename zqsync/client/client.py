@@ -334,12 +334,12 @@ class Client:
         after this send (its queue is flushed within the linger) and leave that worker out for a while."""
         if self._jobs.sent_on(sock) % notices.CHECK_EVERY:
             return
-        endpoint = notices.stopping_endpoint(sock)
-        if endpoint is None:
+        endpoints = notices.stopping_endpoints(sock)
+        if endpoints is None:
             return
         self._jobs.retire(sock)
-        named = notices.match(endpoint, self.endpoints)
-        log.info("worker %s is stopping: new jobs go to the others", named or endpoint or "?")
+        named = notices.match(endpoints, self.endpoints)
+        log.info("worker %s is stopping: new jobs go to the others", named or ", ".join(endpoints) or "?")
         if named is not None:
             self._avoided.add(named)
 

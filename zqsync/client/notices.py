@@ -25,8 +25,9 @@ CHECK_EVERY = 16
 AVOID_FOR = 1.0
 
 
-def stopping_endpoint(sock: zmq.Socket) -> Optional[str]:
-    """The endpoint named by a stopping notice waiting on ``sock`` (``""`` if unnamed), or ``None``.
+def stopping_endpoints(sock: zmq.Socket) -> Optional[tuple[str, ...]]:
+    """The endpoints named by a stopping notice waiting on ``sock`` (its ``endpoint``, then its ``also``;
+    ``()`` if unnamed), or ``None`` if no notice waits.
 
     Never blocks. ``sock.get`` is the green socket's, which keeps a waiting sender's wakeup."""
     found = None
@@ -36,17 +37,23 @@ def stopping_endpoint(sock: zmq.Socket) -> Optional[str]:
         except (zmq.Again, ValueError, msgpack.ExtraData):
             continue
         if isinstance(notice, dict) and notice.get("notice") == "stopping":
-            found = str(notice.get("endpoint") or "")
+            also = notice.get("also")
+            names = [notice.get("endpoint"), *(also if isinstance(also, list) else ())]
+            found = tuple(str(name) for name in names if name)
     return found
 
 
-def match(endpoint: str, endpoints: tuple[str, ...]) -> Optional[str]:
-    """The client endpoint a notice names: the same string, else the only one with that port."""
-    if endpoint in endpoints:
-        return endpoint
-    port = endpoint.rpartition(":")[2]
-    same = [name for name in endpoints if name.rpartition(":")[2] == port]
-    return same[0] if len(same) == 1 else None
+def match(named: tuple[str, ...], endpoints: tuple[str, ...]) -> Optional[str]:
+    """The client endpoint a notice names: the first of ``named`` that is one of ``endpoints`` by string,
+    else by port (the only one with that port)."""
+    for endpoint in named:
+        if endpoint in endpoints:
+            return endpoint
+        port = endpoint.rpartition(":")[2]
+        same = [name for name in endpoints if name.rpartition(":")[2] == port]
+        if len(same) == 1:
+            return same[0]
+    return None
 
 
 class Avoided:

@@ -151,14 +151,17 @@ class DirectIntake(StandaloneIntake):
         return {"zqsync.endpoints": lambda: {"slots": list(self.backend.slots)}}
 
     def stop_taking_jobs(self, keep: Keep) -> str:
-        """As a standalone worker; but retired by a rolling restart (the supervisor's ``READY.retiring``), its
-        notice names no endpoint: its replacement already serves the same addresses, and a client that left
-        them out would have none to send to while every child is replaced in turn."""
+        """As a standalone worker, its notice naming the public jobs endpoint besides the slot's (``also``); but
+        retired by a rolling restart (the supervisor's ``READY.retiring``), its notice names no endpoint: its
+        replacement already serves the same addresses, and a client that left them out would have none to send
+        to while every child is replaced in turn."""
         assert self._peers is not None and self._relay is not None
         self._relay.stop_stealing()
         self._look_again()
         if self.ready_file and os.path.exists(f"{self.ready_file}.retiring"):
             self._peers.named = ""
+        else:  # a client that did not expand the slots sent to the public endpoint: it must find that one named
+            self._peers.also = (self._public_jobs,)
         quiesce(self._peers, keep, also=(self._public_jobs,))
         if self.ready_file:  # a rolling restart waits for it (supervisor.py)
             with open(f"{self.ready_file}.drained", "w") as drained:

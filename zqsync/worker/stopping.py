@@ -41,9 +41,14 @@ READ_FIRST = 1.0
 MAX_PEERS = 10_000
 
 
-def encode_notice(endpoint: str) -> bytes:
-    """The one-frame notice: ``{"v": 1, "notice": "stopping", "endpoint": ENDPOINT}``."""
-    return msgpack.packb({"v": 1, "notice": STOPPING, "endpoint": endpoint})
+def encode_notice(endpoint: str, also: tuple[str, ...] = ()) -> bytes:
+    """The one-frame notice: ``{"v": 1, "notice": "stopping", "endpoint": ENDPOINT}``, and ``"also": [ENDPOINT,
+    ...]`` when the worker's jobs socket is bound to more endpoints (a direct prefork child: its slot's and the
+    public one, which a client that did not expand the slots sent to)."""
+    notice: dict[str, object] = {"v": 1, "notice": STOPPING, "endpoint": endpoint}
+    if also:
+        notice["also"] = list(also)
+    return msgpack.packb(notice)
 
 
 class Peers:
@@ -53,6 +58,8 @@ class Peers:
         self.sock, self.endpoint = sock, endpoint
         #: The endpoint the notice names (clients leave it out for a while): ``endpoint``, or ``""`` for none.
         self.named = endpoint
+        #: More endpoints the notice names (the socket's other binds).
+        self.also: tuple[str, ...] = ()
         self.seen: dict[bytes, None] = {}  # insertion-ordered, bounded by MAX_PEERS
         self.notified: set[bytes] = set()
         self.stopping = False
@@ -83,7 +90,7 @@ class Peers:
 
     def _notify(self, identity: bytes) -> None:
         try:
-            self.sock.send_multipart([identity, encode_notice(self.named)], zmq.NOBLOCK)
+            self.sock.send_multipart([identity, encode_notice(self.named, self.also)], zmq.NOBLOCK)
         except zmq.ZMQError:  # gone, or its queue full: it stops sending or the quiet period ends it
             return
         self.notified.add(identity)
