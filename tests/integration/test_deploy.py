@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import JobStream, children_of, slack, wait_for
+from tests.helpers import JobStream, children_of, over_prefork_modes, slack, wait_for
 from tests.integration.test_stopping import logged_discards, logged_kills
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,8 +31,9 @@ def hup_and_wait(supervisor, retired_before: int) -> None:
     assert not old & set(children_of(supervisor.pid))
 
 
-def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_path):
-    supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
+@over_prefork_modes
+def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_path, mode):
+    supervisor = zq_worker(extra_args=["--processes", "2", *mode, "--graceful-timeout", "10"], concurrency=4)
     target = tmp_path / "ran.txt"
     sender = JobStream(supervisor.endpoint, target, jobs=JOBS, delay=0.002)
     sender.start()
@@ -78,13 +79,14 @@ def settled(target, expected: int, timeout: float = 30.0) -> Counter:
     return count_lines(target)
 
 
-def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path):
+@over_prefork_modes
+def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path, mode):
     """Jobs stream to a supervisor and a standalone peer; TERM to the supervisor: the peer takes the
     later jobs, and every accepted job runs once or is counted in the supervisor's log (discarded, or
     killed at the end of the grace period), exactly. Before the fix, with other work on the CPUs, 353
     of 7,280 and 760 of 7,920 accepted jobs were neither (the public endpoint was unbound under the
     clients' feet, with no stopping notice)."""
-    supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
+    supervisor = zq_worker(extra_args=["--processes", "2", *mode, "--graceful-timeout", "10"], concurrency=4)
     peer = zq_worker(concurrency=20)
     target = tmp_path / "ran.txt"
     stream = JobStream([supervisor.endpoint, peer.endpoint], target, delay=0.002, burst=BURST)  # about 3,000 jobs/s
