@@ -166,7 +166,7 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         "message over the children. On 2 cores, 2 children ran 0.85-1.17x one process's plain "
                         "jobs and 0.88-1.11x its calls. A child whose hub is blocked for 50 ms has its work taken "
                         "by a free sibling, and the plain jobs a SIGKILLed child had read are counted (what libzmq "
-                        "and the kernel buffered for it is not); see docs/design.md "
+                        "and the kernel buffered for it is not); see docs/guides/prefork.md "
                         "(default: a single process, no supervisor)")
     worker.add_argument("--router", action="store_true",
                         help="with --processes: the supervisor alone listens, on the --bind pair only, and a "
