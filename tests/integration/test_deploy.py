@@ -79,10 +79,10 @@ def settled(target, expected: int, timeout: float = 30.0) -> Counter:
     return count_lines(target)
 
 
-#: Direct mode does not keep this promise yet: of 5 runs on a 2-core machine, 3 lost 5-24 accepted jobs
-#: uncounted and 2 exited with status 1 after TERM (cause not yet read); the router passed its 2 runs.
+#: Direct mode does not keep this promise yet: of 11 runs on a 2-core machine, 4 lost 5-34 accepted jobs
+#: uncounted (of ~37,000); it passed under ZQSYNC_TEST_LOAD=2; the router passed every run.
 DIRECT_STOP_GAP = pytest.mark.xfail(reason="a direct prefork worker TERMed mid-load loses a few accepted jobs "
-                                    "uncounted (5-24 of ~37,000), or exits 1", strict=False)
+                                    "uncounted (5-34 of ~38,000) in some runs", strict=False)
 
 
 @pytest.mark.parametrize("mode", [pytest.param([], marks=DIRECT_STOP_GAP, id="direct"),
@@ -100,7 +100,7 @@ def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, t
     stream.start()
     wait_for(lambda: sum(count_lines(target).values()) >= 2000, what="the load to be under way")
     os.kill(supervisor.pid, signal.SIGTERM)
-    assert supervisor.proc.wait(slack(30)) == 0
+    status = supervisor.proc.wait(slack(30))
     after_stop = peer.stats()["jobs_received"]
     wait_for(lambda: peer.stats()["jobs_received"] >= after_stop + 1000, what="the peer to take the later jobs")
     stream.stop()
@@ -114,3 +114,7 @@ def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, t
     assert re.search(r"stopping: told [1-9]\d* job client\(s\)", output), "the supervisor sent no stopping notice"
     assert max(seen.values()) == 1
     assert lost == 0
+    # A stop that killed tasks exits 1. A direct child the kernel gave every connection of the stream to holds
+    # ~10,000 queued jobs at the stop, more than it runs in the grace period (the router's children hold
+    # their credits' worth, and the supervisor discards its own queue).
+    assert status == (1 if killed else 0), output[-3000:]
