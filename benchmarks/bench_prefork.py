@@ -10,10 +10,11 @@ free ports of 127.0.0.1, and stops each by pid at the end:
 
 * ``one process``: a standalone worker, no supervisor;
 * ``--processes 1``, ``--processes 2``, and ``--processes 4`` where this
-  machine has at least 4 CPUs: the router (``worker/dispatch.py``);
-* the same with ``--direct``: no router, each child binds the supervisor's listening sockets
-  (``worker/listeners.py``); their client sets ``ZQSYNC_EXPAND_PREFORK=1``, so it sends to every
-  child's announced slot (``client/announce.py``).
+  machine has at least 4 CPUs: direct prefork, the default: each child binds the supervisor's listening
+  sockets (``worker/listeners.py``); their client sets ``ZQSYNC_EXPAND_PREFORK=1``, so it sends to every
+  child's announced slot (``client/announce.py``);
+* the same with ``--router``: the supervisor's router thread hands every message to a child
+  (``worker/dispatch.py``).
 
 Nothing is pinned: the point is how a worker uses every CPU. Two measures,
 each run for every variant in turn (rotating order) before the next measure,
@@ -93,14 +94,19 @@ TARGETS = {(1, "jobs"): 0.9, (1, "calls"): 0.9, (2, "jobs"): 1.5, (2, "calls"): 
 ONE = "one process"
 
 
-DIRECT = "--direct"
+ROUTER = "--router"
 
 
 def variants() -> dict[str, list[str]]:
     """Variant name -> extra ``zqsync worker`` arguments; ``--processes 4`` only with 4 CPUs or more."""
     counts = [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
     return {ONE: [], **{f"--processes {n}": ["--processes", str(n)] for n in counts},
-            **{f"--processes {n} {DIRECT}": ["--processes", str(n), DIRECT] for n in counts}}
+            **{f"--processes {n} {ROUTER}": ["--processes", str(n), ROUTER] for n in counts}}
+
+
+def is_direct(worker: WorkerProcess) -> bool:
+    """A direct prefork worker: its client expands the slots it announces."""
+    return "--processes" in worker.extra_args and ROUTER not in worker.extra_args
 
 
 def cpu_seconds(pid: int) -> float:
@@ -154,7 +160,7 @@ def time_round(worker: WorkerProcess, mode: str, count: int) -> tuple[float, flo
     """One round: messages per second (``count`` jobs run at the worker, or ``count`` calls answered), and
     the worker's CPU µs per message."""
     expected = worker.stats()["jobs_succeeded"] + 1 + count  # the client's warm-up job, then its round
-    client = start_client(mode, worker.endpoint, count, expand=DIRECT in worker.extra_args)
+    client = start_client(mode, worker.endpoint, count, expand=is_direct(worker))
     try:
         assert client.stdin is not None and client.stdout is not None
         cpu = cpu_seconds(worker.pid)

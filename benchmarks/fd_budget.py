@@ -6,8 +6,8 @@ Run from the repository root::
     python benchmarks/fd_budget.py --shortage
 
 1. **Memory and descriptors per idle connection on a worker.** A fresh ``zqsync worker`` per round
-   (standalone, and ``--processes 2``, whose supervisor holds the connections) gets ``--connections`` idle TCP connections
-   from DEALER sockets of this process (each completes the ZMTP handshake: the worker counts it accepted).
+   (standalone, and ``--processes 2 --router``, whose supervisor holds the connections) gets ``--connections`` idle TCP
+   connections from DEALER sockets of this process (each completes the ZMTP handshake: the worker counts it accepted).
    The worker's RSS (``VmRSS``) and open descriptors are read before and after, in ``--rounds``
    rounds with the two modes interleaved; the figure is the median of (after - before) / connections.
 2. **Sockets and connections of one client process.** A gevent client process listing ``--workers``
@@ -79,7 +79,7 @@ def idle_round(worker: WorkerProcess, count: int) -> tuple[float, float]:
     return (after_rss - before_rss) / count, (after_fds - before_fds) / count
 
 
-MODES = {"standalone": [], "prefork (--processes 2), on the supervisor": ["--processes", "2"]}
+MODES = {"standalone": [], "prefork (--processes 2 --router), on the supervisor": ["--processes", "2", "--router"]}
 
 
 def idle_connections(count: int, rounds: int) -> None:

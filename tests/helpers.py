@@ -7,7 +7,14 @@ import threading
 import time
 from typing import Callable, TypeVar
 
+import pytest
+
 T = TypeVar("T")
+
+#: A prefork worker's mode flags (with ``--processes N``): direct is the default, the router opt-in.
+PREFORK_MODES = {"direct": [], "router": ["--router"]}
+#: Runs a test in each prefork mode, its ``mode`` argument being the mode's flags.
+over_prefork_modes = pytest.mark.parametrize("mode", list(PREFORK_MODES.values()), ids=list(PREFORK_MODES))
 
 #: The suite's one timing knob (gevent's testing/timing.py has one too): every
 #: deadline in the tests is multiplied by it. Raise ZQSYNC_TEST_SLACK on a slow machine.

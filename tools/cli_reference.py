@@ -51,7 +51,8 @@ def _section(title: str, parser: argparse.ArgumentParser) -> list[str]:
         lines += [_cell(parser.description), ""]
     rows = [(_name(action, formatter), _cell(formatter._expand_help(action) if action.help else ""))
             for action in parser._actions
-            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))]
+            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            and action.help != argparse.SUPPRESS]  # hidden, as in --help
     if rows:
         lines += ["| argument | meaning |", "|---|---|", *(f"| {name} | {text} |" for name, text in rows), ""]
     if parser.epilog:

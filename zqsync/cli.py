@@ -158,18 +158,22 @@ def _add_worker(commands: Any, common: argparse.ArgumentParser) -> None:
                         "Calls and confirmed jobs use --bind. Not with --processes")
     worker.add_argument("--ready-file", metavar="PATH", help="write the bound endpoint to PATH once listening")
     worker.add_argument("--processes", type=_positive_int, default=None, metavar="N",
-                        help="run N worker processes behind --bind under a prefork supervisor that restarts "
-                        "crashed ones; kill -HUP replaces them one at a time, losing no job "
+                        help="run N worker processes under a prefork supervisor that restarts crashed ones; "
+                        "kill -HUP replaces them one at a time, losing no job. Each child binds the --bind pair "
+                        "itself (shared: the kernel spreads new connections) and a pair of its own on the ports "
+                        "after it (child i: PORT+2+2i, PORT+3+2i; keep them free), announced by zqsync.endpoints "
+                        "to clients with expand_prefork (ZQSYNC_EXPAND_PREFORK=1), which then spread every "
+                        "message over the children. On 2 cores, 2 children ran 0.85-1.17x one process's plain "
+                        "jobs and 0.88-1.11x its calls. A child whose hub is blocked for 50 ms has its work taken "
+                        "by a free sibling, and the plain jobs a SIGKILLed child had read are counted (what libzmq "
+                        "and the kernel buffered for it is not); see docs/guides/prefork.md "
                         "(default: a single process, no supervisor)")
-    worker.add_argument("--direct", action="store_true",
-                        help="with --processes: no router; each child binds the supervisor's listening sockets "
-                        "itself: the --bind pair, shared (the kernel spreads new connections), and a pair of its "
-                        "own on the ports after it (child i: PORT+2+2i, PORT+3+2i; keep them free), announced by "
-                        "zqsync.endpoints to clients with expand_prefork (ZQSYNC_EXPAND_PREFORK=1), which then "
-                        "spread every message over the children. On 2 loaded cores, 2 children ran 1.0x one "
-                        "process's plain jobs and 1.4x its calls (the router: 0.4x and 0.6x). A child whose hub is blocked "
-                        "for 50 ms has its work taken by a free sibling, and the plain jobs a SIGKILLed child had "
-                        "read are counted (what libzmq and the kernel buffered for it is not); see docs/design.md")
+    worker.add_argument("--router", action="store_true",
+                        help="with --processes: the supervisor alone listens, on the --bind pair only, and a "
+                        "router thread hands every call and job to a child with a free slot; for hosts whose "
+                        "ports after the bind port cannot be opened. Every message crosses the supervisor: "
+                        "on 2 cores, 2 children ran 0.34-0.45x one process's throughput")
+    worker.add_argument("--direct", action="store_true", help=argparse.SUPPRESS)  # deprecated: the default now
     worker.add_argument("--state-dir", metavar="DIR",
                         help="directory of the journal (SQLite, WAL) of confirmed jobs; without it the worker "
                         "refuses enqueue(confirm=True)")
@@ -467,8 +471,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     """``zqsync worker``: serve until stopped; returns the exit status."""
     if args.reload:
         return run_with_reload(args, args.argv)
-    if args.direct and not args.processes:
-        raise SystemExit("zqsync worker: --direct goes with --processes N")
+    if args.direct and args.router:
+        raise SystemExit("zqsync worker: --direct and --router are two prefork modes: give one "
+                         "(direct is the default; --direct is deprecated)")
+    if (args.router or args.direct) and not args.processes:
+        raise SystemExit(f"zqsync worker: --{'router' if args.router else 'direct'} goes with --processes N")
     if args.processes:
         if args.queues:
             raise SystemExit("zqsync worker: --queue needs a single process (no --processes)")
@@ -499,8 +506,8 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         registry = load_registry(args.app)
         # Router: CURVE ends at the supervisor's public sockets; the children listen on private ipc:// backends.
         # Direct: each child serves its clients itself, CURVE included.
-        child_config = config if args.direct else dataclasses.replace(config, curve_secret_key=None,
-                                                                      allow_client_keys=None)
+        child_config = dataclasses.replace(config, curve_secret_key=None, allow_client_keys=None) if args.router \
+            else config
         worker = Worker(registry, settings=child_config, backend=backend, ready_file=ready_file, parent_pid=parent_pid)
         if metrics_address(args):
             prometheus().MetricsSync(worker).start()
@@ -511,8 +518,8 @@ def _run_supervisor(args: argparse.Namespace) -> int:
         supervisor = Supervisor(serve_child, bind=config.bind, processes=args.processes, parent_pid=args.parent_pid,
                                 graceful_timeout=config.graceful_timeout, ready_file=args.ready_file,
                                 on_child_exit=on_child_exit, curve_secret_key=config.curve_secret_key,
-                                allow_client_keys=None if args.direct else config.allow_client_keys,
-                                keepalive=config.keepalive, direct=args.direct)
+                                allow_client_keys=config.allow_client_keys if args.router else None,
+                                keepalive=config.keepalive, direct=not args.router)
         return supervisor.run()
 
 

@@ -82,7 +82,7 @@ def test_call_and_enqueue_have_their_own_timeout_help():
     assert "--confirm" in enqueue_help and "--confirm" not in call_help
 
 
-@pytest.mark.parametrize("how", ["standalone", "prefork", "named queue"])
+@pytest.mark.parametrize("how", ["standalone", "prefork", "router", "named queue"])
 def test_a_worker_on_a_port_in_use_says_so_in_one_line(how):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -90,6 +90,7 @@ def test_a_worker_on_a_port_in_use_says_so_in_one_line(how):
         busy = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
         free = "tcp://127.0.0.1:0"
         args = {"standalone": ["--bind", busy], "prefork": ["--bind", busy, "--processes", "2"],
+                "router": ["--bind", busy, "--processes", "2", "--router"],
                 "named queue": ["--bind", free, "--queue", f"mail={busy}"]}[how]
         result = zqsync_cli("worker", "zqsync.demo.tasks:registry", *args)
     assert result.returncode == 1, result.stderr
@@ -156,3 +157,32 @@ def test_a_malformed_bind_is_named_as_the_bind_option():
     assert result.returncode == 1
     assert result.stderr.startswith("zqsync worker: --bind: worker endpoint must look like tcp://HOST:PORT"), \
         result.stderr
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--router"], "zqsync worker: --router goes with --processes N"),
+    (["--direct"], "zqsync worker: --direct goes with --processes N"),
+    (["--processes", "2", "--direct", "--router"], "zqsync worker: --direct and --router are two prefork modes"),
+], ids=["router alone", "direct alone", "both"])
+def test_prefork_mode_flags_that_do_not_fit_are_one_line_and_exit_1(flags, message):
+    result = zqsync_cli("worker", "zqsync.demo.tasks", "--bind", "tcp://127.0.0.1:0", *flags)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("mode", [[], ["--direct"], ["--router"]], ids=["default", "deprecated --direct", "router"])
+def test_processes_starts_a_direct_prefork_worker_unless_told_router(zq_worker, mode):
+    """Direct is the default (``--direct`` is a no-op kept for old command lines): the supervisor's startup
+    line says so, and the worker announces its children's slots; the router's announces none."""
+    worker = zq_worker(extra_args=["--processes", "2", *mode])
+    startup = wait_for(lambda: next((line for line in worker.output().splitlines()
+                                     if "zqsync supervisor pid" in line), None), what="the supervisor's startup line")
+    port = int(worker.endpoint.rpartition(":")[2])
+    with zqsync.Client(worker.endpoint) as client:
+        if mode == ["--router"]:
+            assert "direct" not in startup, startup
+            with pytest.raises(zqsync.UnknownTask):
+                client.call("zqsync.endpoints")
+        else:
+            assert "direct (each child binds" in startup, startup
+            assert client.call("zqsync.endpoints") == {"slots": [port + 2, port + 4]}

@@ -11,9 +11,11 @@ from tests.integration.test_security import client_for, curve_args, keys  # noqa
 REFUSED = "WARNING zqsync.worker.auth: refused a CURVE client: public key"
 
 
-@pytest.mark.parametrize("processes", [None, 2], ids=["single", "prefork"])
+@pytest.mark.parametrize("processes", [None, 2], ids=["single", "router"])
 def test_refusals_are_warnings_at_most_one_per_interval(zq_worker, keys, processes):  # noqa: F811
-    worker = zq_worker(extra_args=curve_args(keys) + (["--processes", str(processes)] if processes else []))
+    """One authenticator (a standalone worker's, or the router's): one line for three refusals. (Each direct
+    child has its own, so each logs one.)"""
+    worker = zq_worker(extra_args=curve_args(keys) + (["--processes", str(processes), "--router"] if processes else []))
     assert "CURVE on, 1 client keys" in worker.output()
     for _ in range(3):
         with client_for(worker, keys, "stranger", call_timeout=0.5) as stranger:

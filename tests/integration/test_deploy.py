@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from tests.helpers import JobStream, children_of, slack, wait_for
+from tests.helpers import JobStream, children_of, over_prefork_modes, slack, wait_for
 from tests.integration.test_stopping import logged_discards, logged_kills
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,8 +31,9 @@ def hup_and_wait(supervisor, retired_before: int) -> None:
     assert not old & set(children_of(supervisor.pid))
 
 
-def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_path):
-    supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
+@over_prefork_modes
+def test_hup_twice_under_full_load_runs_every_job_exactly_once(zq_worker, tmp_path, mode):
+    supervisor = zq_worker(extra_args=["--processes", "2", *mode, "--graceful-timeout", "10"], concurrency=4)
     target = tmp_path / "ran.txt"
     sender = JobStream(supervisor.endpoint, target, jobs=JOBS, delay=0.002)
     sender.start()
@@ -78,20 +79,21 @@ def settled(target, expected: int, timeout: float = 30.0) -> Counter:
     return count_lines(target)
 
 
-def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--router"]], ids=["direct", "router"])
+def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path, mode):
     """Jobs stream to a supervisor and a standalone peer; TERM to the supervisor: the peer takes the
     later jobs, and every accepted job runs once or is counted in the supervisor's log (discarded, or
     killed at the end of the grace period), exactly. Before the fix, with other work on the CPUs, 353
     of 7,280 and 760 of 7,920 accepted jobs were neither (the public endpoint was unbound under the
     clients' feet, with no stopping notice)."""
-    supervisor = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "10"], concurrency=4)
+    supervisor = zq_worker(extra_args=["--processes", "2", *mode, "--graceful-timeout", "10"], concurrency=4)
     peer = zq_worker(concurrency=20)
     target = tmp_path / "ran.txt"
     stream = JobStream([supervisor.endpoint, peer.endpoint], target, delay=0.002, burst=BURST)  # about 3,000 jobs/s
     stream.start()
     wait_for(lambda: sum(count_lines(target).values()) >= 2000, what="the load to be under way")
     os.kill(supervisor.pid, signal.SIGTERM)
-    assert supervisor.proc.wait(slack(30)) == 0
+    status = supervisor.proc.wait(slack(30))
     after_stop = peer.stats()["jobs_received"]
     wait_for(lambda: peer.stats()["jobs_received"] >= after_stop + 1000, what="the peer to take the later jobs")
     stream.stop()
@@ -105,3 +107,11 @@ def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, t
     assert re.search(r"stopping: told [1-9]\d* job client\(s\)", output), "the supervisor sent no stopping notice"
     assert max(seen.values()) == 1
     assert lost == 0
+    # The client left the stopping worker out at its first notice. A direct child's notice named only its slot's
+    # endpoint, which this client (it did not expand the slots) could not match: it retired its socket and
+    # reconnected at once, 287-374 times in one stop, and in 1 run of 8 lost 3-7 jobs on the new connections.
+    assert stream.stats["jobs"]["discarded_stopping"] <= 20, stream.stats["jobs"]
+    # A stop that killed tasks exits 1. A direct child the kernel gave every connection of the stream to holds
+    # ~10,000 queued jobs at the stop, more than it runs in the grace period (the router's children hold
+    # their credits' worth, and the supervisor discards its own queue).
+    assert status == (1 if killed else 0), output[-3000:]

@@ -1,4 +1,4 @@
-"""Direct prefork (``zqsync worker --processes 2 --direct``), with real processes: every child runs calls and
+"""Direct prefork (``zqsync worker --processes 2``, the default), with real processes: every child runs calls and
 jobs, a SIGKILLed child's slot comes back on the same address, HUP under load loses no accepted job, and a
 warm TERM stops cleanly. The children bind the supervisor's listening sockets (``worker/listeners.py``)."""
 
@@ -17,7 +17,7 @@ from tests.integration.test_deploy import count_lines, hup_and_wait, settled
 from tests.integration.test_stopping import logged_discards, logged_kills
 
 TASKS = "tests.integration.free_child_tasks:registry"
-DIRECT = ["--processes", "2", "--direct", "--graceful-timeout", "10"]
+DIRECT = ["--processes", "2", "--graceful-timeout", "10"]
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,7 +1,7 @@
 """Prefork: with one child's hub blocked, every call and job goes to its free sibling, promptly.
 
-The router (default) never routes to a child that has not acknowledged its work; direct prefork
-(``--direct``) steals from a blocked child's sockets (``worker/steal.py``): clients that do not expand the
+The router (``--router``) never routes to a child that has not acknowledged its work; direct prefork
+(the default) steals from a blocked child's sockets (``worker/steal.py``): clients that do not expand the
 slots (whose connection the kernel gave to the blocked child), clients with ``expand_prefork=True`` (which
 spread over both children), a confirmed job, and several clients at once, each getting its own replies."""
 
@@ -30,11 +30,11 @@ def blocking_call(endpoint: str, started: Path) -> int:
 
 
 def with_one_child_blocked(zq_worker, tmp_path, quick):
-    """Start a 2-child prefork worker, block one child's hub with ``block``, then time ``quick(client)``.
+    """Start a 2-child router prefork worker, block one child's hub with ``block``, then time ``quick(client)``.
 
     Returns ``quick``'s result, its seconds, and the blocked child's pid.
     """
-    args = ["--processes", "2", "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "5"]
+    args = ["--processes", "2", "--router", "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "5"]
     worker = zq_worker(TASKS, extra_args=args, concurrency=4)
     started = tmp_path / "blocked"
     with zqsync.Client(worker.endpoint, call_timeout=slack(BLOCK * 4)) as client, ThreadPoolExecutor(1) as pool:
@@ -79,7 +79,8 @@ def test_a_call_to_a_stopping_prefork_worker_is_refused_at_once(zq_worker):
     """While its children finish their tasks, a stopping prefork worker refuses new calls with
     ``WorkerStopping``; no caller waits out its deadline in the router (which hands out work on credits
     that busy, stopping children never send)."""
-    worker = zq_worker(extra_args=["--processes", "2", "--graceful-timeout", "20"], concurrency=1)
+    worker = zq_worker(extra_args=["--processes", "2", "--router", "--graceful-timeout", "20"],
+                       concurrency=1)
     with ThreadPoolExecutor(2) as pool, zqsync.Client(worker.endpoint, call_timeout=slack(30.0)) as client:
         wait_for(lambda: client.call("zqsync.stats")["in_flight"] == 0, what="the worker to answer")
         naps = [pool.submit(client.call, "sleep", 3.0) for _ in range(2)]
@@ -95,7 +96,7 @@ def test_a_call_to_a_stopping_prefork_worker_is_refused_at_once(zq_worker):
     assert worker.proc.wait(30) == 0
 
 
-DIRECT = ["--processes", "2", "--direct", "--graceful-timeout", "5"]
+DIRECT = ["--processes", "2", "--graceful-timeout", "5"]
 
 
 def slot_endpoint(endpoint: str, slot: int) -> str:

@@ -113,10 +113,10 @@ def _timed_call(sock: zmq.Socket, task: str) -> tuple[float, dict]:
     return float("inf"), {}
 
 
-@pytest.mark.parametrize("processes", [0, 2], ids=["standalone", "prefork"])
+@pytest.mark.parametrize("processes", [0, 2], ids=["standalone", "router"])
 def test_health_calls_answer_while_every_slot_is_busy_and_the_confirm_backlog_is_full(zq_worker, tmp_path,
                                                                                        processes):
-    args = ["--state-dir", str(tmp_path / "state"), *(["--processes", str(processes)] if processes else [])]
+    args = ["--state-dir", str(tmp_path / "state"), *(["--processes", str(processes), "--router"] if processes else [])]
     worker = zq_worker(TASKS, concurrency=SLOTS, extra_args=args)
     children = max(1, processes)
     acknowledged_at_once = children * (SLOTS + BACKLOG)
@@ -149,12 +149,12 @@ def test_health_calls_answer_while_every_slot_is_busy_and_the_confirm_backlog_is
     confirms.ran_once()
 
 
-@pytest.mark.parametrize("processes", [0, 1], ids=["standalone", "prefork"])
+@pytest.mark.parametrize("processes", [0, 1], ids=["standalone", "router"])
 def test_a_resent_confirm_takes_one_place_in_the_hold(zq_worker, tmp_path, processes):
     """Confirms held past a full backlog and sent twice more under their ids, then more new ones: fewer
     jobs than the hold's places, though more messages. Once the slots free up, every one is answered
     without another resend: none was shed."""
-    args = ["--state-dir", str(tmp_path / "state"), *(["--processes", str(processes)] if processes else [])]
+    args = ["--state-dir", str(tmp_path / "state"), *(["--processes", str(processes), "--router"] if processes else [])]
     worker = zq_worker(TASKS, concurrency=SLOTS, extra_args=args)
     context = zmq.Context()
     confirms = Confirms(context, worker.endpoint, tmp_path)

@@ -120,8 +120,8 @@ def test_a_replacement_child_that_fails_to_boot_is_retried_while_its_sibling_ser
     with zqsync.Client(supervisor.endpoint, call_timeout=5) as client:
         assert [client.call("add", 1, index) for index in range(10)] == [1 + index for index in range(10)]
         broken.unlink()
-        wait_for(lambda: len({client.call("zqsync.stats")["pid"] for _ in range(20)}) == 2, timeout=30,
-                 what="the replacement to boot once the deploy is complete")
+        wait_for(lambda: [child["state"] for child in client.call("zqsync.stats")["children"]] == ["up", "up"],
+                 timeout=30, what="the replacement to boot once the deploy is complete")
 
 
 #: Runs the CLI and prints its peak RSS (``VmHWM``: ``ru_maxrss`` would carry the forking test process's).

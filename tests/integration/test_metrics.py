@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 import zqsync
-from tests.helpers import wait_for
+from tests.helpers import over_prefork_modes, wait_for
 from zqsync.contrib.prometheus import MetricsSync
 
 CALLS = 25
@@ -76,14 +76,15 @@ def test_prometheus_endpoint_serves_parseable_text_that_follows_traffic(zq_worke
     assert samples["zqsync_task_duration_seconds_count{task=echo}"] == CALLS
 
 
-def test_prefork_supervisor_exports_the_sum_over_its_children(zq_worker, tmp_path):
+@over_prefork_modes
+def test_prefork_supervisor_exports_the_sum_over_its_children(zq_worker, tmp_path, mode):
     port = free_port()
-    worker = zq_worker(extra_args=["--metrics-port", str(port), "--processes", "2"])
-    with zqsync.Client(worker.endpoint) as client:
-        pids = {client.call("zqsync.stats")["pid"] for _ in range(10)}  # the worker's own tasks are not counted
+    worker = zq_worker(extra_args=["--metrics-port", str(port), "--processes", "2", *mode])
+    with zqsync.Client(worker.endpoint, expand_prefork=True) as client:  # direct: over both children's slots
+        # the worker's own tasks are not counted
+        wait_for(lambda: len({client.call("zqsync.stats")["pid"] for _ in range(10)}) == 2, what="both children")
         for _ in range(CALLS):
             client.call("echo", "x")
-    assert len(pids) == 2
     wait_for(lambda: scrape(port).get("zqsync_worker_calls_succeeded_total") == CALLS, timeout=30,
              what="the children's counters summed")
 

@@ -1,5 +1,7 @@
 """``zqsync.stats`` for a whole prefork worker (one answer, every child's counters), and job
-counters that agree for confirmed jobs. Real supervisors, real children, real sockets."""
+counters that agree for confirmed jobs. Real supervisors, real children, real sockets. The prefork
+workers here use the router, which spreads one client's calls over the children and skips a stopped
+one (direct mode's stats: ``test_direct_prefork.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ CALLS = 20
 
 
 def prefork(zq_worker, tmp_path, processes=2):
-    args = ["--processes", str(processes), "--state-dir", str(tmp_path / "state")]
+    args = ["--processes", str(processes), "--router", "--state-dir", str(tmp_path / "state")]
     return zq_worker(extra_args=args, concurrency=10)
 
 

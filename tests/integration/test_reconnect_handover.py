@@ -27,7 +27,7 @@ from typing import Iterator
 import pytest
 import zmq
 
-from tests.helpers import slack, wait_for
+from tests.helpers import PREFORK_MODES, slack, wait_for
 from zqsync.wire.envelope import decode_reply, encode_request
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,10 +96,12 @@ def calls_on_a_held_routing_id(endpoint: str) -> None:
         assert not old.poll(0), "a reply went to the old connection"
 
 
-@pytest.fixture(params=["standalone", "prefork"])
+@pytest.fixture(params=["standalone", *PREFORK_MODES])
 def worker(request, zq_worker):
-    """A standalone worker, or a prefork supervisor (its public sockets) with two children."""
-    return zq_worker(extra_args=["--processes", "2"] if request.param == "prefork" else [])
+    """A standalone worker, or a prefork worker of two children (the router's public sockets, or the
+    children's shared ones)."""
+    prefork = PREFORK_MODES.get(request.param)
+    return zq_worker(extra_args=["--processes", "2", *prefork] if prefork is not None else [])
 
 
 def test_jobs_sent_on_a_reconnect_with_a_held_routing_id_run(worker, tmp_path):

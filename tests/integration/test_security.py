@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import zqsync
-from tests.helpers import wait_for
+from tests.helpers import PREFORK_MODES, wait_for
 from zqsync.errors import ConfigurationError, ProcessFailed
 from zqsync.wire.curve import keygen, load_secret
 
@@ -49,9 +49,9 @@ def test_keygen_command_prints_both_paths(tmp_path):
     assert "web1.key_secret" in result.stdout and (tmp_path / "web1.key").exists()
 
 
-@pytest.mark.parametrize("processes", [None, 2], ids=["single", "prefork"])
-def test_only_listed_curve_clients_get_anything_executed(zq_worker, keys, tmp_path, processes):
-    extra = curve_args(keys) + (["--processes", str(processes)] if processes else [])
+@pytest.mark.parametrize("prefork", [None, *PREFORK_MODES.values()], ids=["single", *PREFORK_MODES])
+def test_only_listed_curve_clients_get_anything_executed(zq_worker, keys, tmp_path, prefork):
+    extra = curve_args(keys) + (["--processes", "2", *prefork] if prefork is not None else [])
     worker = zq_worker(extra_args=extra)
     trace = tmp_path / "trace.txt"
     intruders = [

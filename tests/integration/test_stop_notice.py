@@ -53,7 +53,7 @@ def test_a_stopping_supervisor_loses_no_accepted_job(zq_worker, tmp_path):
     they cannot run. Jobs accepted == run + discarded (the supervisor's queue and the children's) +
     killed, exactly."""
     for loop in range(2):
-        worker = zq_worker(concurrency=4, extra_args=["--processes", "2", "--graceful-timeout", "1"])
+        worker = zq_worker(concurrency=4, extra_args=["--processes", "2", "--router", "--graceful-timeout", "1"])
         target = tmp_path / f"ran-{loop}.txt"
         stream = JobStream(worker.endpoint, target, delay=0.001, send_timeout=1.0)
         stream.start()
@@ -92,7 +92,7 @@ def test_two_workers_one_termed_every_accepted_job_runs_on_one_of_them(zq_worker
     assert "told 1 job client(s)" in first.output()
 
 
-@pytest.mark.parametrize("mode", [[], ["--processes", "2"], ["--processes", "2", "--direct"]],
+@pytest.mark.parametrize("mode", [[], ["--processes", "2", "--router"], ["--processes", "2"]],
                          ids=["standalone", "router", "direct"])
 def test_jobs_of_a_client_that_closed_before_the_stop_run_or_are_counted(zq_worker, tmp_path, mode):
     """A client enqueues 10,000 quick jobs and closes; the worker (one slot per process) is TERMed while most of them

@@ -1,5 +1,6 @@
 """The prefork supervisor with real processes: restarts, boot errors, shutdowns, and confirmed
-jobs that survive SIGKILL of a child or of the supervisor itself."""
+jobs that survive SIGKILL of a child or of the supervisor itself, in direct mode (the default) or with the
+router (``--router``)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from collections import Counter
 import pytest
 
 import zqsync
-from tests.helpers import JobStream, children_of, pid_exists, wait_for
+from tests.helpers import JobStream, children_of, over_prefork_modes, pid_exists, wait_for
 from tests.integration.test_deploy import settled
 from zqsync.worker.dispatch import CREDITS_MAX
 
 JOBS = 2000
 
 
-def supervised(zq_worker, tmp_path, app="zqsync.demo.tasks:registry", processes=2, concurrency=100, **kwargs):
-    args = ["--processes", str(processes), "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "10"]
+def supervised(zq_worker, tmp_path, app="zqsync.demo.tasks:registry", processes=2, concurrency=100, mode=(),
+               **kwargs):
+    args = ["--processes", str(processes), *mode, "--state-dir", str(tmp_path / "state"), "--graceful-timeout", "10"]
     return zq_worker(app, extra_args=args, concurrency=concurrency, **kwargs)
 
 
@@ -66,7 +68,8 @@ def assert_every_job_ran_at_least_once(target) -> None:
 
 
 def test_children_share_one_address_and_a_killed_child_is_restarted(zq_worker, tmp_path):
-    supervisor = supervised(zq_worker, tmp_path)
+    """The router spreads one client's calls over every child (direct: ``test_direct_prefork.py``)."""
+    supervisor = supervised(zq_worker, tmp_path, mode=["--router"])
     with zqsync.Client(supervisor.endpoint) as client:
         first = wait_for(lambda: len(p := serving_pids(client)) == 2 and p, what="both children to answer")
         assert set(children_of(supervisor.pid)) == first
@@ -89,7 +92,7 @@ def test_the_plain_jobs_a_sigkilled_child_held_are_counted(zq_worker, tmp_path):
     the documented at-most-once behaviour; each of them is counted, in the log and in the stats. A child
     that ran jobs in the instant before its kill may not have said so: at most ``CREDITS_MAX`` per kill
     are counted that in fact ran. Before the fix, 0-8 jobs were lost per kill and the log counted 2 of 23."""
-    supervisor = supervised(zq_worker, tmp_path, concurrency=4)
+    supervisor = supervised(zq_worker, tmp_path, concurrency=4, mode=["--router"])
     target = tmp_path / "ran.txt"
     stream = JobStream(supervisor.endpoint, target, burst=20)
     stream.start()
@@ -110,18 +113,20 @@ def test_the_plain_jobs_a_sigkilled_child_held_are_counted(zq_worker, tmp_path):
         assert client.call("zqsync.stats")["supervisor"]["jobs_lost_in_children"] == counted
 
 
-def test_a_child_that_fails_to_boot_halts_the_supervisor_with_a_clear_message(tmp_path):
+@over_prefork_modes
+def test_a_child_that_fails_to_boot_halts_the_supervisor_with_a_clear_message(tmp_path, mode):
     result = subprocess.run(
         [sys.executable, "-m", "zqsync", "worker", "no_such_module_xyz:registry", "--bind", "tcp://127.0.0.1:0",
-         "--processes", "2"], capture_output=True, text=True, timeout=60,
+         "--processes", "2", *mode], capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 3
     assert "cannot import 'no_such_module_xyz'" in result.stderr
     assert "before it finished booting; halting" in result.stderr
 
 
-def test_confirmed_jobs_survive_sigkill_of_a_child(zq_worker, tmp_path):
-    supervisor = supervised(zq_worker, tmp_path, concurrency=4)
+@over_prefork_modes
+def test_confirmed_jobs_survive_sigkill_of_a_child(zq_worker, tmp_path, mode):
+    supervisor = supervised(zq_worker, tmp_path, concurrency=4, mode=mode)
     target = tmp_path / "records.txt"
     sender = ConfirmedSender(supervisor.endpoint, target)
     sender.start()
@@ -132,8 +137,9 @@ def test_confirmed_jobs_survive_sigkill_of_a_child(zq_worker, tmp_path):
     assert_every_job_ran_at_least_once(target)
 
 
-def test_confirmed_jobs_survive_sigkill_of_the_supervisor(zq_worker, tmp_path):
-    supervisor = supervised(zq_worker, tmp_path, concurrency=4)
+@over_prefork_modes
+def test_confirmed_jobs_survive_sigkill_of_the_supervisor(zq_worker, tmp_path, mode):
+    supervisor = supervised(zq_worker, tmp_path, concurrency=4, mode=mode)
     target = tmp_path / "records.txt"
     sender = ConfirmedSender(supervisor.endpoint, target)
     sender.start()
@@ -142,14 +148,15 @@ def test_confirmed_jobs_survive_sigkill_of_the_supervisor(zq_worker, tmp_path):
     os.kill(supervisor.pid, signal.SIGKILL)
     supervisor.proc.wait(10)
     wait_for(lambda: not any(pid_exists(pid) for pid in orphans), timeout=40, what="the orphaned children to exit")
-    supervised(zq_worker, tmp_path, concurrency=4, bind=supervisor.endpoint)  # same address, same journal
+    supervised(zq_worker, tmp_path, concurrency=4, mode=mode, bind=supervisor.endpoint)  # same address, journal
     sender.join(120)
     assert sender.error is None and sender.sent == JOBS
     assert_every_job_ran_at_least_once(target)
 
 
-def test_warm_shutdown_lets_in_flight_tasks_complete(zq_worker, tmp_path):
-    supervisor = supervised(zq_worker, tmp_path)
+@over_prefork_modes
+def test_warm_shutdown_lets_in_flight_tasks_complete(zq_worker, tmp_path, mode):
+    supervisor = supervised(zq_worker, tmp_path, mode=mode)
     results: list = []
     with zqsync.Client(supervisor.endpoint, call_timeout=30) as client:
         callers = [threading.Thread(target=lambda: results.append(client.call("sleep", 1.0))) for _ in range(4)]

@@ -1,4 +1,4 @@
-"""A client's view of direct prefork workers (``zqsync worker --processes N --direct``): their announced slots.
+"""A client's view of direct prefork workers (``zqsync worker --processes N``, the default mode): their announced slots.
 
 A direct prefork worker's children share its public pair (PORT, PORT+1: the kernel gives each new
 connection to one child) and each binds a slot pair of its own (``worker/listeners.py``). A pooled

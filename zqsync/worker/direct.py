@@ -1,4 +1,4 @@
-"""The intake of a direct-mode prefork child (``Supervisor(direct=True)``, ``zqsync worker --processes N --direct``).
+"""The intake of a direct-mode prefork child (``Supervisor(direct=True)``, ``zqsync worker --processes N``).
 
 The child is a standalone worker (``intake.StandaloneIntake``: CURVE, connection counts, the stopping
 notice, drain and unbind) whose ROUTERs bind the listening sockets its supervisor holds

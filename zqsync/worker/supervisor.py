@@ -1,7 +1,10 @@
 """Prefork supervisor: N worker children behind one public address (gunicorn's arbiter, for zqsync).
 
-The supervisor binds the public jobs (ROUTER: clients send on DEALERs) and rpc (ROUTER) sockets, and
-a router thread (``dispatch.py``) gives each call and job to a child that
+Two modes. *Direct* (``direct=True``; ``zqsync worker --processes N``, the CLI's default): no router; the
+supervisor opens listening sockets that its children bind and serve as standalone workers do
+(``listeners.py``, ``direct.py``). *Router* (``zqsync worker --processes N --router``), which most of
+what follows describes: the supervisor binds the public jobs (ROUTER: clients send on DEALERs) and rpc
+(ROUTER) sockets, and a router thread (``dispatch.py``) gives each call and job to a child that
 offered a free slot, over that child's private ``ipc://`` backends (a PUSH
 to its PULL, a DEALER to its ROUTER that carries the replies back). A child
 whose hub is blocked, or whose slots are full, gets nothing while a sibling
