@@ -79,7 +79,7 @@ def settled(target, expected: int, timeout: float = 30.0) -> Counter:
     return count_lines(target)
 
 
-@pytest.mark.parametrize("mode", [[], ["--router"]], ids=["direct", "router"])
+@over_prefork_modes
 def test_a_supervisor_stopped_mid_load_loses_only_what_its_log_says(zq_worker, tmp_path, mode):
     """Jobs stream to a supervisor and a standalone peer; TERM to the supervisor: the peer takes the
     later jobs, and every accepted job runs once or is counted in the supervisor's log (discarded, or
