@@ -247,12 +247,25 @@ def _journaled_by(monkeypatch) -> list[tuple[str, int, bool]]:
     return seen
 
 
+def _writer_thread_starting_late(monkeypatch, seconds: float) -> None:
+    """The journal's writer thread reaches its loop ``seconds`` after it started, as on a loaded machine."""
+    loop = group_commit.GroupCommit._loop
+    pause = monkey.get_original("time", "sleep")
+    monkeypatch.setattr(group_commit.GroupCommit, "_loop", lambda commits, writer: (pause(seconds), loop(commits, writer)))
+
+
 @pytest.mark.timeout(60)
-def test_a_lone_confirm_is_journaled_in_the_hub_and_acknowledged_only_once_its_row_is_committed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("thread_start", ["prompt", "late"])
+def test_a_lone_confirm_is_journaled_in_the_hub_and_acknowledged_only_once_its_row_is_committed(
+        tmp_path, monkeypatch, thread_start):
     RAN.clear()
     seen = _journaled_by(monkeypatch)
+    if thread_start == "late":  # the thread runs but has not reached its loop when the first confirm comes
+        _writer_thread_starting_late(monkeypatch, 1.0)
     monkeypatch.setattr(group_commit, "SLOW_COMMIT", 600.0)  # a loaded machine's stalls do not count here
     scheduler = _started(tmp_path)
+    if thread_start == "late":
+        gevent.sleep(0.1)  # the hub waits: the thread is scheduled
     rows_at_answer: list[tuple] = []
 
     def confirm(key: str) -> None:

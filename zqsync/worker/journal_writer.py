@@ -57,7 +57,9 @@ class WriterThread:
         self._flushing = False  # a _FLUSH is queued that no batch has taken yet
         self._outbox: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
         self._wake: Optional[Any] = None
-        self._busy = _allocate_lock()  # held by the thread except while it waits for work, and by `pause`
+        # held by the thread from its first wait for work on, except while it waits, and by `pause`
+        self._busy = _allocate_lock()
+        self._started = False  # the thread has waited for work once (it holds `_busy` since)
 
     def start(self) -> None:
         """Start the thread (call from the hub's thread, which runs the posted callables)."""
@@ -156,8 +158,12 @@ class WriterThread:
         return [item for item in deferred + batch if item is not _FLUSH]
 
     def _wait_for_work(self) -> Any:
-        """In the thread: the next queued item; the hub may `pause` the thread only while it waits here."""
-        self._busy.release()
+        """In the thread: the next queued item; the hub may `pause` the thread only while it waits here, or
+        before the thread first got here (a thread that has not reached its loop yet must not send the
+        first confirms to itself)."""
+        if self._started:
+            self._busy.release()
+        self._started = True
         try:
             return self._inbox.get()
         finally:
@@ -176,13 +182,13 @@ class WriterThread:
         _sleep(seconds)
 
     def _run(self) -> None:
-        self._busy.acquire()
         try:
             self._loop(self)
         except BaseException:  # pragma: no cover - the loop catches its own errors
             log.exception("the journal writer thread died")
         finally:
-            self._busy.release()
+            if self._started:
+                self._busy.release()
 
     def _run_posted(self) -> None:
         while self._outbox:
