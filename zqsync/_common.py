@@ -32,6 +32,26 @@ def native_lock() -> Any:
     return _thread.allocate_lock()
 
 
+def catch_sigchld_before_fork() -> None:
+    """Under gevent's monkey-patching, have libev catch ``SIGCHLD`` before a fork, not after it.
+
+    gevent's patched ``os.fork`` starts a child watcher in the parent once ``fork`` has returned, and
+    libev installs its ``SIGCHLD`` handler with the first watcher: a first child that exits before the
+    parent gets there sends a signal nobody catches, so gevent's patched ``os.waitpid`` never learns
+    of the exit and waits for it forever (``WNOHANG``: reports it running forever). gevent's own
+    ``subprocess`` installs the handler up front the same way (``loop.install_sigchld``). Without
+    monkey-patching (``os.fork`` unpatched) it does nothing. Never blocks.
+    """
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("os"):
+        return
+    import gevent
+
+    install = getattr(gevent.get_hub().loop, "install_sigchld", None)  # libev; libuv watches children itself
+    if install is not None:
+        install()
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (one we may not signal counts as existing)."""
     try:

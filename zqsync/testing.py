@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from ._common import catch_sigchld_before_fork
 from .eager import eager
 from .errors import ForkFailed
 from .processes import WorkerProcess
@@ -93,6 +94,7 @@ def run_in_fork(fn: Callable[..., Any], *args: Any, timeout: float = 30.0, **kwa
     os.close(handle)
     stacks = path + ".stacks"
     try:
+        catch_sigchld_before_fork()
         pid = os.fork()
         if pid == 0:  # child
             _dump_stacks_later(stacks, timeout * 0.8)

@@ -273,11 +273,15 @@ def test_worker_keeps_serving_concurrent_calls_while_a_task_child_is_alive(zq_wo
 
 
 S12_SCRIPT = r"""
-import json, os, sys
+import faulthandler, json, os, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's dump of a hung script: every thread
 mode, endpoint, record_path = sys.argv[1:4]
 if mode == "patched":
     from gevent import monkey
     monkey.patch_all()
+    import gevent.util
+    signal.signal(signal.SIGUSR2, lambda *_: gevent.util.print_run_info(file=sys.stderr))  # and every greenlet
+    gevent.get_hub().loop.install_sigchld()  # before the first fork (docs/guides/testing.md)
 import multiprocessing
 import zqsync
 
@@ -332,7 +336,15 @@ def test_children_exiting_any_way_never_break_the_parents_pooled_sockets(zq_work
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        out, err = process.communicate(timeout=90.0)
+        out, err = process.communicate(timeout=60.0)
+    except subprocess.TimeoutExpired:  # show where it hangs: every thread, then (patched) every greenlet
+        for dump in (signal.SIGUSR1, signal.SIGUSR2):
+            os.killpg(process.pid, dump)
+            time.sleep(1.0)
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate(timeout=10.0)
+        pytest.fail(f"the script hung for 60 s; records {record.read_text() if record.exists() else ''!r}; "
+                    f"its output {out[-2000:]!r}; its stacks:\n{err[-20000:]}")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # its own session: the script and any child it left

@@ -225,6 +225,7 @@ class Supervisor:
         backend = self._backend(slot)
         ready_file = os.path.join(self._dir, f"ready-{slot}-{self._spawned}")
         parent = os.getpid()
+        _common.catch_sigchld_before_fork()
         pid = os.fork()
         if pid == 0:
             status = 1
