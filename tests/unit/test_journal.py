@@ -64,3 +64,17 @@ def test_write_now_declines_under_synchronous_full_and_hands_every_64th_batch_ba
     declined = [index for index in range(3 * journal_module.NOW_HANDS_BACK)
                 if journal.write_now([NewJob(f"job-{index}", "t", b"body", 0)]) is None]
     assert declined == [journal_module.NOW_HANDS_BACK * n - 1 for n in (1, 2, 3)]
+
+
+def test_an_older_journals_unused_state_owner_index_is_dropped_and_its_rows_kept(tmp_path):
+    journal = owner(tmp_path)
+    journal.write_all([NewJob("kept", "t", b"body", 0)])
+    with sqlite3.connect(journal.path) as db:  # as journals made before it was dropped have it
+        db.execute("CREATE INDEX jobs_by_state_owner_token ON jobs (state, owner)")
+    journal.close()
+    reopened = owner(tmp_path)
+    with sqlite3.connect(reopened.path) as db:
+        indexes = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "jobs_by_state_owner_token" not in indexes  # each insert and outcome wrote a page for it
+    assert {"jobs_to_replay", "jobs_by_state_updated"} <= indexes
+    assert _row(reopened, "kept") == ("pending", 0)

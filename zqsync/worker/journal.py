@@ -80,10 +80,13 @@ COLUMNS = {
     "finished_at": "REAL",
 }
 INDEXES = """
-CREATE INDEX IF NOT EXISTS jobs_by_state_owner_token ON jobs (state, owner);
 CREATE INDEX IF NOT EXISTS jobs_to_replay ON jobs (owner, replay, next_at) WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS jobs_by_state_updated ON jobs (state, updated_at);
 """
+#: Indexes of older journals, dropped when the schema is written: ``(state, owner)`` served nothing the two
+#: above do not (the pending owners are in ``jobs_to_replay``; counts and lists by state in
+#: ``jobs_by_state_updated``), and every insert and outcome wrote one more page for it.
+DROPPED = ("jobs_by_state_owner_token",)
 SELECT = f"SELECT {', '.join(FIELDS)} FROM jobs"
 
 FILENAME = "journal.sqlite3"
@@ -160,7 +163,7 @@ class SqliteJournal(JournalBackend):
             present = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
             names = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
         wanted = {"probes", *(line.split()[5] for line in INDEXES.strip().splitlines())}
-        return not (set(COLUMNS) <= present and wanted <= names)
+        return not (set(COLUMNS) <= present and wanted <= names) or not names.isdisjoint(DROPPED)
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
@@ -170,6 +173,8 @@ class SqliteJournal(JournalBackend):
                 db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
         for statement in INDEXES.strip().splitlines():
             db.execute(statement)
+        for name in DROPPED:
+            db.execute(f"DROP INDEX IF EXISTS {name}")
 
     def _transaction(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._lock:
