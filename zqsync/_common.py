@@ -47,9 +47,7 @@ def catch_sigchld_before_fork() -> None:
         return
     import gevent
 
-    install = getattr(gevent.get_hub().loop, "install_sigchld", None)  # libev; libuv watches children itself
-    if install is not None:
-        install()
+    gevent.get_hub().loop.install_sigchld()  # every gevent loop has it (libuv's installs its own handler)
 
 
 def pid_alive(pid: int) -> bool:
