@@ -19,7 +19,9 @@ Then, counted from the workers' record files:
   when its preferred worker (rendezvous) was the cut or deleted one and it was in flight at the fault:
   journaled there, its acknowledgement lost, then journaled and run by the next in rank too
   (``client/rendezvous.py``), or run by the deleted worker before its journal marked it done, and
-  replayed by ``w4`` from the moved journal (seen once in 20 runs);
+  replayed by ``w4`` from the moved journal (seen once in 20 runs); or both, three runs, for a job of
+  ``w2``'s in flight at its deletion: run there, its acknowledgement lost with the host so the client
+  sent it to the next in rank, and its outcome lost with it so ``w4`` replayed it (seen once, loaded);
 * every answered **call** ran, once;
 * every **plain** job ran once, except those the docs say a host's death loses
   (``docs/design.md``, "Delivery semantics": what was inside the connection or the dead worker's
@@ -144,7 +146,9 @@ def test_a_fleet_under_a_healed_cut_a_deleted_host_an_added_worker_and_dns_chang
     # A confirmer has one job in flight: at most one duplicate per confirmer and fault.
     assert len(confirmed["twice"]) <= 2 * len(fleet.clients) * fleet.loopers["c"], confirmed["twice"]
     for key, places in confirmed["twice"].items():  # journaled by the cut or deleted host, acknowledgement lost
-        assert len(places) == 2 and prefers[key] in {"w1", "w2"} and set(places) & {"w1", "w2", "w4"}, (key, places)
+        assert prefers[key] in {"w1", "w2"} and set(places) & {"w1", "w2", "w4"}, (key, places)
+        # a third run: w2 ran it, then both its acknowledgement and its outcome were lost with the host
+        assert len(places) == 2 or (len(places) == 3 and {"w2", "w4"} <= set(places)), (key, places)
     for label, counts in stats.items():  # the client's own counters agree with the ids its loopers were given
         given = Counter(e["k"] for e in count["events"][label] if e["k"] in "pc" and e["ok"])
         assert (counts["enqueued"], counts["confirmed"], counts["dropped"]) == (given["p"], given["c"], 0), counts
